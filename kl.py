@@ -1,0 +1,131 @@
+"""The KL to the reference: per-token estimators, reward shaping, and the controllers that set β.
+
+Per response token t, with logp = log π_θ(y_t|s_t) and logp_ref = log π_ref(y_t|s_t) of the *sampled* token:
+    k1 = logp - logp_ref                    unbiased for KL(π_θ‖π_ref), can be negative per token
+    k2 = ½ (logp - logp_ref)²               biased, never negative, low variance
+    k3 = (r - 1) - log r,  r = p_ref / p     unbiased, never negative (Schulman 2020, "Approximating KL")
+    full = Σ_v π_θ(v|s_t) (log π_θ(v|s_t) - log π_ref(v|s_t))   exact, from both softmax distributions
+The actor pays -β·kl_t at every response token (`shaped_rewards`); β comes from a controller with `value` and
+`update(kl, n)`, where kl is the batch mean of per-sequence summed KL and n the number of sequences.
+Left out: KL in the other direction, entropy bonuses (ppo.py has ent_coef), per-token adaptive β.
+"""
+from dataclasses import dataclass
+import torch
+from torch.nn import functional as F
+
+
+@dataclass
+class KLConfig:
+    kl_ctl: str = "adaptive"      # fixed, adaptive (Ziegler et al. 2019), band (x1.2 / /1.2), linear (decay)
+    init_kl_coef: float = 0.05    # β at the start (linear: the start value)
+    kl_target: float = 6.0        # adaptive: target KL per sequence, nats; band: the middle of its range
+    kl_horizon: int = 2000        # adaptive: sequences over which β can move by about 20 %
+    band_width: float = 0.5       # band: range is kl_target × (1 ± band_width)
+    kl_coef_end: float = 0.001    # linear: β at the end of training
+    kl_estimator: str = "k1"      # k1, k2, k3 or full: the per-token KL in the reward
+    kl_in: str = "reward"         # reward (shaped, detached) or loss (full KL as a differentiable loss term)
+    kl_ref: str = "frozen"        # frozen (π_ref) or rolling (the policy of the previous iteration)
+
+
+# ---- per-token estimators (B, R) ----
+def kl_k1(logp, logp_ref):
+    return logp - logp_ref
+
+
+def kl_k2(logp, logp_ref):
+    return 0.5 * (logp - logp_ref) ** 2
+
+
+def kl_k3(logp, logp_ref):
+    log_r = logp_ref - logp                                  # log(p_ref / p)
+    return torch.expm1(log_r) - log_r                        # (r - 1) - log r, stable near r = 1
+
+
+def kl_full(logits, logits_ref):
+    """Exact KL(π_θ(·|s_t) ‖ π_ref(·|s_t)) at each position: logits (B, R, V), already temperature-scaled."""
+    logp, logq = F.log_softmax(logits.float(), -1), F.log_softmax(logits_ref.float(), -1)   # (B, R, V)
+    return (logp.exp() * (logp - logq)).sum(-1)                                                # (B, R)
+
+
+ESTIMATORS = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
+
+
+def per_token_kl(name, logp, logp_ref, logits=None, logits_ref=None):
+    """The configured estimator on response tokens (B, R); `full` needs the logits."""
+    if name == "full":
+        return kl_full(logits, logits_ref)
+    return ESTIMATORS[name](logp, logp_ref)
+
+
+def shaped_rewards(scores, kl, mask, beta):
+    """rewards (B, R): -β·kl_t on every response token up to and including end-of-text, plus the reward model's
+    score (B,) on the last real token (end-of-text, or the last token of a truncated response)."""
+    rewards = -beta * kl * mask                                # nothing after end-of-text counts
+    last = mask.long().sum(1) - 1                              # (B,) index of the last real token
+    return rewards.scatter_add(1, last[:, None], scores[:, None].to(rewards.dtype))
+
+
+# ---- controllers for β ----
+@dataclass
+class FixedKLController:
+    value: float
+
+    def update(self, kl, n):
+        pass
+
+
+@dataclass
+class AdaptiveKLController:
+    """Proportional control (Ziegler et al. 2019; lm-human-preferences): β moves towards the KL target."""
+    value: float
+    target: float
+    horizon: int
+
+    def update(self, kl, n):
+        e = min(max(kl / self.target - 1.0, -0.2), 0.2)     # proportional error, clipped
+        self.value *= 1.0 + e * n / self.horizon
+
+
+@dataclass
+class BandKLController:
+    """β ×factor when KL is above [low, high], ÷factor below it, unchanged inside."""
+    value: float
+    low: float
+    high: float
+    factor: float = 1.2
+
+    def update(self, kl, n):
+        if kl > self.high:
+            self.value *= self.factor
+        elif kl < self.low:
+            self.value /= self.factor
+
+
+@dataclass
+class LinearDecayKLController:
+    """β from `start` to `end` linearly over `total` sequences, whatever the KL."""
+    start: float
+    end: float
+    total: int
+    seen: int = 0
+    value: float = None
+
+    def __post_init__(self):
+        self.value = self.start
+
+    def update(self, kl, n):
+        self.seen += n
+        self.value = self.start + (self.end - self.start) * min(1.0, self.seen / self.total)
+
+
+def make_kl_controller(cfg, total_sequences):
+    if cfg.kl_ctl == "fixed":
+        return FixedKLController(cfg.init_kl_coef)
+    if cfg.kl_ctl == "adaptive":
+        return AdaptiveKLController(cfg.init_kl_coef, cfg.kl_target, cfg.kl_horizon)
+    if cfg.kl_ctl == "band":
+        return BandKLController(cfg.init_kl_coef, cfg.kl_target * (1 - cfg.band_width),
+                                cfg.kl_target * (1 + cfg.band_width))
+    if cfg.kl_ctl == "linear":
+        return LinearDecayKLController(cfg.init_kl_coef, cfg.kl_coef_end, total_sequences)
+    raise ValueError(f"unknown kl_ctl {cfg.kl_ctl!r} (choose fixed, adaptive, band, linear)")

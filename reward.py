@@ -1,0 +1,118 @@
+"""The tiny learned reward model: a pretrained GPT trunk plus a scalar head, fit to noisy human preferences.
+
+Preference data (made by train.py's `preferences` stage): for each training prompt, two responses sampled from the
+pretrained model, labelled by the world's noisy annotator (data.label_pair). The model is trained with the
+Bradley-Terry loss  -log σ(r_chosen - r_rejected)  on the score read at the last real token, then normalised (gain,
+bias) so that responses of the pretrained policy score mean 0, std 1. The critic (ppo.py) is a copy of this model.
+Run via `python train.py --stage=reward`. Left out: ensembles, margin losses, reward-model uncertainty.
+"""
+import copy
+from dataclasses import dataclass, asdict
+import numpy as np
+import torch
+import torch.nn as nn
+from torch.nn import functional as F
+
+from model import GPT, GPTConfig, pad_left
+
+
+@dataclass
+class RewardConfig:
+    n_pairs: int = 8000         # preference pairs (prompt, two pretrained samples, one noisy label)
+    rm_layers: int = 0          # layers of the pretrained trunk the reward model keeps (0 = all)
+    rm_epochs: int = 3
+    rm_lr: float = 1e-3
+    rm_batch_size: int = 32
+    rm_val_frac: float = 0.1    # held-out pairs for the accuracies
+
+
+class ScalarModel(nn.Module):
+    """A scalar per position (B, T): the reward model reads the last one, the critic one per response token.
+    gain and bias are buffers (not trained) so that the normalised score is what every user reads."""
+
+    def __init__(self, trunk):
+        super().__init__()
+        self.trunk = trunk
+        self.head = nn.Linear(trunk.config.n_embd, 1)
+        nn.init.zeros_(self.head.weight); nn.init.zeros_(self.head.bias)
+        self.register_buffer("gain", torch.tensor(1.0))
+        self.register_buffer("bias", torch.tensor(0.0))
+
+    def forward(self, idx, mask=None):
+        return self.head(self.trunk.hidden(idx, mask)).squeeze(-1) * self.gain + self.bias   # (B, T)
+
+
+def from_pretrained(lm, n_layers=0):
+    """A ScalarModel whose trunk is a copy of the language model's first n_layers blocks (0 = all)."""
+    trunk = copy.deepcopy(lm)
+    if 0 < n_layers < len(trunk.blocks):
+        trunk.blocks = trunk.blocks[:n_layers]
+        trunk.config = GPTConfig(**{**asdict(trunk.config), "n_layer": n_layers})
+    return ScalarModel(trunk)
+
+
+def score(model, seqs, pad_id, batch=256):
+    """Scores (N,) of token sequences (prompt + response, lists of ids): the value at the last token."""
+    out = []
+    for i in range(0, len(seqs), batch):
+        idx, mask = pad_left(seqs[i:i + batch], pad_id)             # left padding: the last position is real
+        dev = next(model.parameters()).device
+        out.append(model(idx.to(dev), mask.to(dev))[:, -1])
+    return torch.cat(out)
+
+
+def bt_loss(r_chosen, r_rejected):
+    """Bradley-Terry negative log-likelihood of the labels: -log σ(r_chosen - r_rejected), batch mean."""
+    return -F.logsigmoid(r_chosen - r_rejected).mean()
+
+
+def train_reward_model(lm, pairs, cfg, pad_id, seed=0, log=print):
+    """pairs: list of dicts with token lists `chosen`, `rejected` and gold scores `gold_chosen`, `gold_rejected`.
+    Returns (ScalarModel, stats) with held-out accuracy against the noisy labels and against the gold order."""
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(len(pairs))
+    n_val = max(1, int(len(pairs) * cfg.rm_val_frac))
+    val, tr = [pairs[i] for i in order[:n_val]], [pairs[i] for i in order[n_val:]]
+    rm = from_pretrained(lm, cfg.rm_layers)
+    rm.train()
+    opt = torch.optim.AdamW(rm.parameters(), lr=cfg.rm_lr, weight_decay=0.0)
+    steps = cfg.rm_epochs * ((len(tr) + cfg.rm_batch_size - 1) // cfg.rm_batch_size)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 - s / max(1, steps))   # linear decay
+    for epoch in range(cfg.rm_epochs):
+        perm, losses = rng.permutation(len(tr)), []
+        for i in range(0, len(tr), cfg.rm_batch_size):
+            mb = [tr[j] for j in perm[i:i + cfg.rm_batch_size]]
+            r = score(rm, [p["chosen"] for p in mb] + [p["rejected"] for p in mb], pad_id)   # (2b,)
+            loss = bt_loss(r[:len(mb)], r[len(mb):])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(rm.parameters(), 1.0)
+            opt.step(); sched.step()
+            losses.append(loss.item())
+        log(f"reward model epoch {epoch + 1}/{cfg.rm_epochs}: bt loss {np.mean(losses):.3f}")
+    rm.eval()
+    with torch.no_grad():
+        rc = score(rm, [p["chosen"] for p in val], pad_id)
+        rr = score(rm, [p["rejected"] for p in val], pad_id)
+        gold_diff = torch.tensor([p["gold_chosen"] - p["gold_rejected"] for p in val])
+        decided = gold_diff != 0
+        all_scores = score(rm, [s for p in pairs for s in (p["chosen"], p["rejected"])], pad_id)
+    rm.gain.fill_(1.0 / all_scores.std().clamp(min=1e-6).item())          # normalise on the pretrained policy
+    rm.bias.fill_(-all_scores.mean().item() * rm.gain.item())
+    stats = dict(n_train=len(tr), n_val=len(val), val_loss=bt_loss(rc, rr).item(),
+                 acc_noisy=(rc > rr).float().mean().item(),
+                 acc_gold=((rc - rr)[decided] * gold_diff[decided] > 0).float().mean().item(),
+                 annotator_agreement=float(np.mean([(p["gold_chosen"] > p["gold_rejected"]) for p in pairs
+                                                    if p["gold_chosen"] != p["gold_rejected"]])))
+    return rm, stats
+
+
+def save_scalar_model(model, path, **extra):
+    torch.save({"config": asdict(model.trunk.config), "model": model.state_dict(), **extra}, path)
+
+
+def load_scalar_model(path, device="cpu"):
+    ckpt = torch.load(path, map_location=device, weights_only=True)
+    model = ScalarModel(GPT(GPTConfig(**ckpt["config"])))
+    model.load_state_dict(ckpt["model"])
+    return model.to(device).eval(), ckpt
