@@ -3,13 +3,15 @@
     python ablate.py                     # every condition x 3 seeds -> out/ablate/results.{md,jsonl}, *.png
     python ablate.py --quick             # one seed, shorter runs: a few minutes
     python ablate.py --conditions=no_kl,adaptive --seeds=5 --ppo_iters=80    # any train.py flag passes through
+    python ablate.py --subdir=ablate_b64 --rollout_batch=64   # results into out/ablate_b64/ instead
+    python ablate.py --jobs=1            # runs one after another, in this process (default: 2 processes, 1 thread each)
 
 The pretrained model, frozen reference and reward model come from the main run folder (--out_dir, built by
 train.py's stages when missing), so only PPO differs between rows. Every condition gets the same iterations,
 batch and learning rates; a condition changes only the KL settings named in CONDITIONS.
 Left out: hyper-parameter search per condition; conditions are compared at one shared budget.
 """
-import json, os, sys, time
+import json, multiprocessing, os, sys, time
 from concurrent.futures import ProcessPoolExecutor
 import numpy as np
 import torch
@@ -34,13 +36,18 @@ CONDITIONS = {
 SAME_AS = {"est_k1": "adaptive"}
 COLUMNS = ["proxy_mean", "gold_mean", "kl_ref", "ref_ppl", "distinct_1", "distinct_2", "repetition_rate",
            "wellformed_rate", "eos_rate", "seconds"]
+DEFAULTS = ["--rollout_batch=32", "--ppo_iters=40", "--n_eval=100"]   # 33 runs must fit in 30 minutes
 QUICK = ["--ppo_iters=12", "--n_eval=64"]
 BASE_STAGES = ["world", "pretrain", "reference", "preferences", "reward"]
 
 
 def parse(argv):
-    opts = dict(quick=False, seeds=3, conditions=",".join(CONDITIONS), jobs=1)
-    rest = []
+    """ablate.py's own flags; everything else is a train.py flag, checked by train.parse_args."""
+    if "--help" in argv or "-h" in argv:
+        print(__doc__)
+        sys.exit(0)
+    opts = dict(quick=False, seeds=3, conditions=",".join(CONDITIONS), jobs=2, subdir="ablate")
+    user = []
     for a in argv:
         name, _, value = a[2:].partition("=")
         if a.startswith("--") and name in opts:
@@ -49,16 +56,13 @@ def parse(argv):
             except ValueError:
                 train.die(f"bad value for --{name}: {value!r}")
         else:
-            rest.append(a)
+            user.append(a)
     unknown = [c for c in opts["conditions"].split(",") if c not in CONDITIONS]
     if unknown:
         train.die(f"unknown condition {unknown[0]!r} (choose {', '.join(CONDITIONS)})")
     if opts["quick"]:
         opts["seeds"] = min(opts["seeds"], 1)
-        rest = QUICK + rest
-    if "--help" in argv or "-h" in argv:
-        print(__doc__)
-        sys.exit(0)
+    rest = DEFAULTS + (QUICK if opts["quick"] else []) + user     # later flags win
     train.parse_args(rest)                                  # unknown or ill-typed flags fail here, before any work
     return opts, rest
 
@@ -125,7 +129,7 @@ def main(argv):
         out = dict((n, o) for n, o, _ in train.STAGES)[stage]
         if not os.path.exists(os.path.join(base, out)):
             train.main(rest + [f"--stage={stage}"])
-    adir = os.path.join(base, "ablate")
+    adir = os.path.join(base, opts["subdir"])
     os.makedirs(adir, exist_ok=True)
     order = opts["conditions"].split(",")
     seed0 = train.parse_args(rest)["RunConfig"].seed
@@ -133,7 +137,9 @@ def main(argv):
              1 if opts["jobs"] > 1 else 0) for c in order if c not in SAME_AS for k in range(opts["seeds"])]
     t0, rows = time.time(), []
     print(f"ablate: {len(jobs)} PPO runs ({opts['jobs']} at a time) into {adir}", flush=True)
-    with ProcessPoolExecutor(opts["jobs"]) if opts["jobs"] > 1 else _Serial() as pool:
+    pool = ProcessPoolExecutor(opts["jobs"], mp_context=multiprocessing.get_context("spawn")) \
+        if opts["jobs"] > 1 else _Serial()
+    with pool:
         for row in pool.map(one_run, jobs):
             rows.append(row)
             print(f"  {row['condition']:16s} seed {row['seed']}: gold {row['gold_mean']:+.2f} proxy "

@@ -171,3 +171,8 @@ def response_logits(model, query, query_mask, response, temperature):
     mask = torch.cat([query_mask, torch.ones_like(response, dtype=torch.bool)], 1)
     logits, _ = model(seq, mask=mask)
     return logits[:, query.size(1) - 1:-1].float() / temperature                     # (B, R, V)
+
+
+def token_logprobs(logits, tokens):
+    """log softmax(logits) at the given tokens: logits (B, R, V), tokens (B, R) -> (B, R)."""
+    return F.log_softmax(logits, -1).gather(2, tokens[..., None]).squeeze(-1)

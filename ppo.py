@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import torch
 from torch.nn import functional as F
 
-from kl import kl_full
-from model import response_logits
+from kl import kl_full, per_token_kl, shaped_rewards
+from model import response_logits, token_logprobs
 
 
 @dataclass
@@ -97,6 +97,31 @@ def entropy_from_logits(logits):
     return -(logp.exp() * logp).sum(-1)                                       # (B, R)
 
 
+@torch.no_grad()
+def make_experience(actor, critic, ref, pen_ref, query, query_mask, response, mask, scores, beta, kl_cfg, cfg,
+                    temperature):
+    """Everything the update needs from one rollout: old and reference log-probs, critic values, KL-shaped
+    rewards, whitened GAE advantages and returns. scores (B,) are the reward model's; pen_ref is the reference the
+    penalty uses (the frozen one, or the previous policy for --kl_ref=rolling). Returns (batch, kl info)."""
+    logits = response_logits(actor, query, query_mask, response, temperature)                  # (B, R, V)
+    old_logprobs = token_logprobs(logits, response)                                            # (B, R)
+    ref_logits = ref.logits(query, query_mask, response, temperature)                          # (B, R, V)
+    pen_logits = ref_logits if pen_ref is ref else pen_ref.logits(query, query_mask, response, temperature)
+    seq = torch.cat([query, response], 1)
+    values = critic(seq, torch.cat([query_mask, torch.ones_like(mask)], 1))[:, query.size(1) - 1:-1]  # (B, R)
+    kl = per_token_kl(kl_cfg.kl_estimator, old_logprobs, token_logprobs(pen_logits, response), logits, pen_logits)
+    rewards = shaped_rewards(scores, kl if kl_cfg.kl_in == "reward" else torch.zeros_like(kl), mask, beta)
+    advantages, returns = compute_gae(rewards, values, mask, cfg.gamma, cfg.lam)
+    batch = dict(query=query, query_mask=query_mask, response=response, mask=mask, old_logprobs=old_logprobs,
+                 values=values, advantages=whiten(advantages, mask), returns=returns)
+    if kl_cfg.kl_in == "loss":
+        batch["ref_logits"] = pen_logits
+    info = dict(kl=kl,                                                     # (B, R) the estimator, as penalised
+                kl_ref=(kl_full(logits, ref_logits) * mask).sum(1),        # (B,) exact, to the frozen reference
+                kl_pen=(kl_full(logits, pen_logits) * mask).sum(1))        # (B,) exact, what β controls
+    return batch, info
+
+
 def ppo_update(actor, critic, opt, batch, cfg, temperature, kl_coef=0.0, kl_in="reward"):
     """Several epochs of shuffled minibatches over one rollout. batch holds (B, ·) tensors: query, query_mask,
     response, mask, old_logprobs, values, advantages, returns (and ref_logits when kl_in == 'loss').
@@ -109,7 +134,7 @@ def ppo_update(actor, critic, opt, batch, cfg, temperature, kl_coef=0.0, kl_in="
         for i in range(0, B, cfg.minibatch_size):
             mb = {k: v[perm[i:i + cfg.minibatch_size]] for k, v in batch.items()}
             logits = response_logits(actor, mb["query"], mb["query_mask"], mb["response"], temperature)  # (b, R, V)
-            logprobs = F.log_softmax(logits, -1).gather(2, mb["response"][..., None]).squeeze(-1)         # (b, R)
+            logprobs = token_logprobs(logits, mb["response"])                                             # (b, R)
             seq = torch.cat([mb["query"], mb["response"]], 1)
             seq_mask = torch.cat([mb["query_mask"], torch.ones_like(mb["response"], dtype=torch.bool)], 1)
             vpred = critic(seq, seq_mask)[:, Tp - 1:-1]                       # (b, R) value before each token

@@ -8,9 +8,8 @@ Left out: cheaper references (half precision, int8, a LoRA actor sharing the bas
 """
 import copy
 import torch
-from torch.nn import functional as F
 
-from model import response_logits
+from model import response_logits, token_logprobs
 
 
 class Reference:
@@ -25,5 +24,4 @@ class Reference:
     @torch.no_grad()
     def logprobs(self, query, query_mask, response, temperature):
         """(B, R) log π_ref of the sampled response tokens."""
-        logits = self.logits(query, query_mask, response, temperature)
-        return F.log_softmax(logits, -1).gather(2, response[..., None]).squeeze(-1)
+        return token_logprobs(self.logits(query, query_mask, response, temperature), response)

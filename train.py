@@ -15,11 +15,11 @@ import numpy as np
 import torch
 
 import data
-from model import GPT, GPTConfig, save_checkpoint, load_checkpoint, pad_left, response_logits
+from model import GPT, GPTConfig, save_checkpoint, load_checkpoint, pad_left, response_logits, token_logprobs
 from ref import Reference
-from kl import KLConfig, kl_full, per_token_kl, shaped_rewards, make_kl_controller
+from kl import KLConfig, kl_full, make_kl_controller
 from reward import RewardConfig, train_reward_model, save_scalar_model, load_scalar_model, score as reward_score
-from ppo import PPOConfig, compute_gae, whiten, ppo_update
+from ppo import PPOConfig, make_experience, ppo_update
 
 
 @dataclass
@@ -305,7 +305,7 @@ def evaluate_policy(model, enc, prompts, R, ref, rm, n, batch=100):
         m = response_mask(resp, enc.eot_token)
         logits, ref_logits = response_logits(model, q, qm, resp, R.temperature), ref.logits(q, qm, resp, R.temperature)
         kl += (kl_full(logits, ref_logits) * m).sum(1).tolist()                                  # per sequence
-        ref_logp = torch.log_softmax(ref_logits, -1).gather(2, resp[..., None]).squeeze(-1)    # (B, R)
+        ref_logp = token_logprobs(ref_logits, resp)                                             # (B, R)
         nll, ntok = nll - (ref_logp * m).sum().item(), ntok + m.sum().item()
         proxy += reward_score(rm, join_tokens(q, qm, resp, m), enc.eot_token).tolist()
         texts += decode_responses(enc, resp.cpu())
@@ -355,25 +355,11 @@ def run_ppo(C, base_dir, run_dir, log=print):
         with torch.no_grad():                                        # ---- rollout ----
             resp, _ = actor.generate(q, R.response_length, R.temperature, eos=eos, mask=qm)       # (B, R)
             mask = response_mask(resp, eos)                                                      # (B, R)
-            logits = response_logits(actor, q, qm, resp, R.temperature)                         # (B, R, V)
-            old_logprobs = torch.log_softmax(logits, -1).gather(2, resp[..., None]).squeeze(-1)  # (B, R)
-            ref_logits = ref.logits(q, qm, resp, R.temperature)                                 # (B, R, V)
-            pen_logits = ref_logits if kl_ref is ref else kl_ref.logits(q, qm, resp, R.temperature)
-            pen_logprobs = torch.log_softmax(pen_logits, -1).gather(2, resp[..., None]).squeeze(-1)
-            seq = torch.cat([q, resp], 1)
-            values = critic(seq, torch.cat([qm, torch.ones_like(mask)], 1))[:, q.size(1) - 1:-1]  # (B, R)
-            scores = reward_score(rm, join_tokens(q, qm, resp, mask), eos).to(values.device)     # (B,)
-            kl = per_token_kl(K.kl_estimator, old_logprobs, pen_logprobs, logits, pen_logits)     # (B, R)
-            beta = kl_ctl.value
-            rewards = shaped_rewards(scores, kl if K.kl_in == "reward" else torch.zeros_like(kl), mask, beta)
-            advantages, returns = compute_gae(rewards, values, mask, P.gamma, P.lam)
-            advantages = whiten(advantages, mask)
-            kl_exact = (kl_full(logits, ref_logits) * mask).sum(1)                                # (B,) to π_ref
-            kl_pen_exact = (kl_full(logits, pen_logits) * mask).sum(1)                            # what β controls
-        batch = dict(query=q, query_mask=qm, response=resp, mask=mask, old_logprobs=old_logprobs, values=values,
-                     advantages=advantages, returns=returns)
-        if K.kl_in == "loss":
-            batch["ref_logits"] = pen_logits
+            scores = reward_score(rm, join_tokens(q, qm, resp, mask), eos)                       # (B,)
+        beta = kl_ctl.value
+        batch, info = make_experience(actor, critic, ref, kl_ref, q, qm, resp, mask, scores, beta, K, P,
+                                      R.temperature)
+        kl, kl_exact, kl_pen_exact = info["kl"], info["kl_ref"], info["kl_pen"]
         stats = ppo_update(actor, critic, opt, batch, P, R.temperature, beta, K.kl_in)  # ---- update ----
         kl_ctl.update(kl_pen_exact.mean().item(), P.rollout_batch)
         if snapshot is not None:
