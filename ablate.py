@@ -1,6 +1,6 @@
 """What the reference model buys, measured: the PPO stage re-run under each condition, several seeds each.
 
-    python ablate.py                     # every condition x 3 seeds -> out/ablate/results.{md,jsonl}, *.png
+    python ablate.py                     # every condition x 3 seeds -> out/ablate/: results, examples, plots
     python ablate.py --quick             # one seed, shorter runs: a few minutes
     python ablate.py --conditions=no_kl,adaptive --seeds=5 --ppo_iters=80    # any train.py flag passes through
     python ablate.py --subdir=ablate_b64 --rollout_batch=64   # results into out/ablate_b64/ instead
@@ -16,7 +16,9 @@ from concurrent.futures import ProcessPoolExecutor
 import numpy as np
 import torch
 
+import data
 import train
+from model import load_checkpoint
 
 # condition -> train.py flags. est_k1 is the default (adaptive, k1 in the reward): it reuses the adaptive runs.
 CONDITIONS = {
@@ -79,6 +81,17 @@ def one_run(job):
     return dict(condition=cond, seed=seed, **s["final"], kl_coef_final=s["kl_coef_final"], seconds=time.time() - t)
 
 
+def baseline_row(C, base, seed):
+    """The pretrained model, scored exactly as each run's final actor is (same prompts, same sampling seed): where
+    every condition starts from."""
+    R = C["RunConfig"]
+    enc = data.load_tokenizer(base, C["WorldConfig"].tokenizer)
+    actor, ref, rm = train.load_models(base, R.device)
+    train.seed_everything(seed + 1)
+    final, _ = train.evaluate_policy(actor, enc, data.load_prompts(base)["heldout"], R, ref, rm, C["PPOConfig"].n_eval)
+    return dict(condition="pretrained", seed=seed, **final, kl_coef_final=None, seconds=0.0)
+
+
 def summarise(rows, order):
     """Markdown table: mean ± std over seeds for each condition."""
     lines = ["| condition | seeds | " + " | ".join(COLUMNS) + " |", "|---" * (len(COLUMNS) + 2) + "|"]
@@ -122,6 +135,29 @@ def plot(rows, adir, order):
     fig.tight_layout(); fig.savefig(os.path.join(adir, "frontier.png"), dpi=100); plt.close(fig)
 
 
+def write_examples(C, base, adir, order, seed, n=3):
+    """examples.md: what the pretrained model and each condition's first-seed actor write for the same held-out
+    prompts, with the same sampling noise, and the gold verdict on each."""
+    R = C["RunConfig"]
+    enc = data.load_tokenizer(base, C["WorldConfig"].tokenizer)
+    heldout = data.load_prompts(base)["heldout"]
+    prompts = heldout[::max(1, len(heldout) // n)][:n]                 # spread over the held-out subjects
+    runs = [("pretrained", os.path.join(base, "pretrain.pt"))]
+    runs += [(c, os.path.join(adir, c, f"seed{seed}", "actor.pt")) for c in order
+             if c != "pretrained" and SAME_AS.get(c) not in order]
+    lines = [f"# What each actor writes (seed {seed}, temperature {R.temperature})\n"]
+    for name, path in runs:
+        model, _ = load_checkpoint(path, R.device)
+        train.seed_everything(R.seed + 2)
+        lines.append(f"\n## {name}\n")
+        for p, r in zip(prompts, train.sample_texts(model, enc, prompts, R)):
+            v = data.judge(p, r)
+            lines.append(f"- gold {v['score']:+.2f}{'' if v['wellformed'] else ' (not well-formed)'}: "
+                         f"`{p.strip()}` | {r.replace(data.EOT, ' <eot>').strip()}")
+    with open(os.path.join(adir, "examples.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
 def main(argv):
     opts, rest = parse(argv)
     base = train.parse_args(rest)["RunConfig"].out_dir
@@ -134,8 +170,8 @@ def main(argv):
     order = opts["conditions"].split(",")
     seed0 = train.parse_args(rest)["RunConfig"].seed
     jobs = [(c, seed0 + k, rest + CONDITIONS[c], base, os.path.join(adir, c, f"seed{seed0 + k}"),
-             1 if opts["jobs"] > 1 else 0) for c in order if c not in SAME_AS for k in range(opts["seeds"])]
-    t0, rows = time.time(), []
+             1 if opts["jobs"] > 1 else 0) for c in order if SAME_AS.get(c) not in order for k in range(opts["seeds"])]
+    t0, rows = time.time(), [baseline_row(train.parse_args(rest), base, seed0)]
     print(f"ablate: {len(jobs)} PPO runs ({opts['jobs']} at a time) into {adir}", flush=True)
     pool = ProcessPoolExecutor(opts["jobs"], mp_context=multiprocessing.get_context("spawn")) \
         if opts["jobs"] > 1 else _Serial()
@@ -146,15 +182,17 @@ def main(argv):
                   f"{row['proxy_mean']:+.2f} kl {row['kl_ref']:.2f} ({row['seconds']:.0f}s, total "
                   f"{time.time() - t0:.0f}s)", flush=True)
     for cond, same in SAME_AS.items():                       # identical configuration: same runs, listed twice
-        if cond in order:
+        if cond in order and same in order:
             rows += [dict(r, condition=cond) for r in rows if r["condition"] == same]
     with open(os.path.join(adir, "results.jsonl"), "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)
+    order = ["pretrained"] + order
     table = summarise(rows, order)
     with open(os.path.join(adir, "results.md"), "w") as f:
         f.write(f"# ablate.py {' '.join(argv)}\n\n{len(jobs)} PPO runs, {time.time() - t0:.0f} s in all. "
                 f"Mean ± std over seeds; held-out prompts.\n\n{table}")
     plot(rows, adir, order)
+    write_examples(train.parse_args(rest), base, adir, order, seed0)
     print(table)
 
 

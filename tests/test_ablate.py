@@ -8,12 +8,14 @@ def test_every_condition_appears_with_finite_values(run):
     adir = os.path.join(run, "ablate")
     with open(os.path.join(adir, "results.jsonl")) as f:
         rows = [json.loads(line) for line in f]
-    assert {r["condition"] for r in rows} == set(ablate.CONDITIONS)
+    assert {r["condition"] for r in rows} == set(ablate.CONDITIONS) | {"pretrained"}
     for r in rows:
         for c in ablate.COLUMNS:
             assert math.isfinite(r[c]), (r["condition"], c)
     table = open(os.path.join(adir, "results.md")).read()
     assert all(f"| {c} |" in table for c in ablate.CONDITIONS)
+    examples = open(os.path.join(adir, "examples.md")).read()
+    assert "## pretrained" in examples and "## no_kl" in examples
     no_kl = next(r for r in rows if r["condition"] == "no_kl")
     assert no_kl["kl_coef_final"] == 0.0
 
