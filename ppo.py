@@ -144,7 +144,7 @@ def ppo_update(actor, critic, opt, batch, cfg, temperature, kl_coef=0.0, kl_in="
             entropy = masked_mean(entropy_from_logits(logits), mb["mask"])
             loss = pg_loss + cfg.vf_coef * vf_loss - cfg.ent_coef * entropy
             kl_loss = torch.zeros(())
-            if kl_in == "loss":                                               # exact KL, differentiated
+            if kl_in == "loss":               # exact KL, differentiated: only the direct part of its gradient
                 kl_loss = masked_mean(kl_full(logits, mb["ref_logits"]), mb["mask"])
                 loss = loss + kl_coef * kl_loss
             opt.zero_grad(set_to_none=True)

@@ -21,6 +21,26 @@ def test_k1_and_k3_are_unbiased_for_the_full_kl():
         assert k2 >= 0
 
 
+
+def test_only_k1_as_a_reward_gives_the_gradient_of_the_kl():
+    """One step, all tokens enumerated: the expected score-function gradient E_y[∇log π(y) · kl(y)] of a detached
+    per-token reward equals ∇KL for k1; for the exact KL (the same for every y) it is zero; for k3 it is neither."""
+    torch.manual_seed(1)
+    theta, logits_ref = torch.randn(10, requires_grad=True), torch.randn(10)
+    true_grad, = torch.autograd.grad(kl.kl_full(theta, logits_ref), theta)
+    logp = F.log_softmax(theta, -1)
+    p, logp_ref = logp.exp().detach(), F.log_softmax(logits_ref, -1)
+
+    def reinforce(per_token):                                 # Σ_y π(y) kl(y) ∇log π(y), kl detached
+        surrogate = (p * per_token.detach() * logp).sum()
+        return torch.autograd.grad(surrogate, theta, retain_graph=True)[0]
+
+    full = kl.kl_full(theta, logits_ref).expand(10)
+    assert torch.allclose(reinforce(kl.kl_k1(logp, logp_ref)), true_grad, atol=1e-6)
+    assert torch.allclose(reinforce(full), torch.zeros(10), atol=1e-6)
+    assert not torch.allclose(reinforce(kl.kl_k3(logp, logp_ref)), true_grad, atol=1e-2)
+
+
 def test_k3_and_full_never_negative():
     torch.manual_seed(1)
     a, b = torch.randn(64, 20, 30) * 3, torch.randn(64, 20, 30) * 3
