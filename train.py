@@ -63,6 +63,13 @@ PRESETS = {"default": {},
                          response_length=40, n_pairs=240, rm_epochs=2, rm_val_frac=0.25, ppo_iters=3,
                          rollout_batch=16, minibatch_size=8, ppo_epochs=2, n_eval=16, kl_horizon=100)}
 SKIP_FIELDS = {"vocab_size@GPTConfig"}      # the model's vocabulary comes from the tokenizer
+POSITIVE = {"temperature", "response_length", "n_reviews", "vocab_size", "block_size", "n_layer", "n_head", "n_embd",
+            "max_iters", "batch_size", "lr", "eval_interval", "eval_iters", "n_samples", "n_pairs", "rm_epochs", "rm_lr",
+            "rm_batch_size", "kl_target", "kl_horizon", "ppo_iters", "rollout_batch", "minibatch_size", "ppo_epochs",
+            "ppo_lr", "vf_lr", "n_eval"}                    # must be > 0; every other number but the seed >= 0
+UNIT = {"dropout", "rm_val_frac", "gamma", "lam"}           # in [0, 1]
+CHOICES = {"device": ["cpu", "cuda"], "tokenizer": ["bpe", "gpt2"], "kl_ctl": ["fixed", "adaptive", "band", "linear"],
+           "kl_estimator": ["k1", "k2", "k3", "full"], "kl_in": ["reward", "loss"], "kl_ref": ["frozen", "rolling"]}
 
 
 def config_classes():
@@ -108,8 +115,30 @@ def parse_args(argv, classes=None, presets=PRESETS):
     if preset not in presets:
         die(f"unknown preset {preset!r} (choose {', '.join(presets)})")
     values = {**presets[preset], **values}
-    return {c.__name__: c(**{f.name: values[f.name] for f in dataclasses.fields(c) if f.name in values
-                              and f"{f.name}@{c.__name__}" not in SKIP_FIELDS}) for c in classes}
+    C = {c.__name__: c(**{f.name: values[f.name] for f in dataclasses.fields(c) if f.name in values
+                           and f"{f.name}@{c.__name__}" not in SKIP_FIELDS}) for c in classes}
+    check_values(C)
+    return C
+
+
+def check_values(C):
+    """Values that parse but cannot work: one line and exit 2, before any stage starts."""
+    values = {f.name: getattr(obj, f.name) for obj in C.values() for f in dataclasses.fields(obj)}
+    for name, allowed in CHOICES.items():
+        if name in values and values[name] not in allowed:
+            die(f"bad value for --{name}: {values[name]!r} (choose {', '.join(allowed)})")
+    for name, v in values.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or name == "seed":
+            continue
+        if v < 0 or (name in POSITIVE and v == 0) or (name in UNIT and v > 1):
+            die(f"bad value for --{name}: {v} (must be {'> 0' if name in POSITIVE else 'in [0, 1]' if name in UNIT else '>= 0'})")
+    W, G = C.get("WorldConfig"), C.get("GPTConfig")
+    if W and W.vocab_size < 257:
+        die(f"bad value for --vocab_size: {W.vocab_size} (a byte-level BPE needs at least 257: 256 bytes + end-of-text)")
+    if G and G.n_embd % G.n_head:
+        die(f"--n_embd={G.n_embd} is not divisible by --n_head={G.n_head}")
+    if values.get("device") == "cuda" and not torch.cuda.is_available():
+        die("--device=cuda but torch sees no CUDA device here (use --device=cpu)")
 
 
 def die(msg):

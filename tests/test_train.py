@@ -84,7 +84,8 @@ def test_sample_stage_needs_no_reference(run, capsys, tmp_path):
 
 @pytest.mark.parametrize("args, message", [(["--nope=1"], "unknown flag"), (["--max_iters=abc"], "bad value"),
                                            (["--fresh=maybe"], "bad value"), (["--stage=bogus"], "unknown stage"),
-                                           (["--preset=huge"], "unknown preset"), (["max_iters=3"], "unknown flag")])
+                                           (["--preset=huge"], "unknown preset"), (["max_iters=3"], "unknown flag"),
+                                           (["--kl_estimator=k9"], "bad value"), (["--device=tpu"], "bad value")])
 def test_bad_flags_exit_2_with_one_line(args, message, tmp_path):
     p = subprocess.run([sys.executable, "train.py", f"--out_dir={tmp_path}"] + args, cwd=ROOT,
                        capture_output=True, text=True, timeout=60)
