@@ -60,7 +60,7 @@ class PretrainConfig:
 PRESETS = {"default": {},
            "smoke": dict(n_reviews=3000, vocab_size=300, n_layer=2, n_embd=64, n_head=2, block_size=96,
                          max_iters=150, batch_size=32, warmup_iters=10, eval_interval=50, eval_iters=2, n_samples=16,
-                         response_length=40, n_pairs=240, rm_epochs=2, rm_val_frac=0.25, ppo_iters=3,
+                         response_length=40, n_pairs=600, rm_epochs=2, rm_val_frac=0.25, ppo_iters=3,
                          rollout_batch=16, minibatch_size=8, ppo_epochs=2, n_eval=16, kl_horizon=100)}
 SKIP_FIELDS = {"vocab_size@GPTConfig"}      # the model's vocabulary comes from the tokenizer
 POSITIVE = {"temperature", "response_length", "n_reviews", "vocab_size", "block_size", "n_layer", "n_head", "n_embd",
