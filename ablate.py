@@ -148,7 +148,7 @@ def write_examples(C, base, adir, order, seed, n=3):
     lines = [f"# What each actor writes (seed {seed}, temperature {R.temperature})\n"]
     for name, path in runs:
         model, _ = load_checkpoint(path, R.device)
-        train.seed_everything(R.seed + 2)
+        train.seed_everything(seed + 2)                            # the same sampling noise for every actor
         lines.append(f"\n## {name}\n")
         for p, r in zip(prompts, train.sample_texts(model, enc, prompts, R)):
             v = data.judge(p, r)
@@ -160,7 +160,8 @@ def write_examples(C, base, adir, order, seed, n=3):
 
 def main(argv):
     opts, rest = parse(argv)
-    base = train.parse_args(rest)["RunConfig"].out_dir
+    C = train.parse_args(rest)
+    base = C["RunConfig"].out_dir
     for stage in BASE_STAGES:                                # the shared pretrained model, reference, reward model
         out = dict((n, o) for n, o, _ in train.STAGES)[stage]
         if not os.path.exists(os.path.join(base, out)):
@@ -168,10 +169,10 @@ def main(argv):
     adir = os.path.join(base, opts["subdir"])
     os.makedirs(adir, exist_ok=True)
     order = opts["conditions"].split(",")
-    seed0 = train.parse_args(rest)["RunConfig"].seed
+    seed0 = C["RunConfig"].seed
     jobs = [(c, seed0 + k, rest + CONDITIONS[c], base, os.path.join(adir, c, f"seed{seed0 + k}"),
              1 if opts["jobs"] > 1 else 0) for c in order if SAME_AS.get(c) not in order for k in range(opts["seeds"])]
-    t0, rows = time.time(), [baseline_row(train.parse_args(rest), base, seed0)]
+    t0, rows = time.time(), [baseline_row(C, base, seed0)]
     print(f"ablate: {len(jobs)} PPO runs ({opts['jobs']} at a time) into {adir}", flush=True)
     pool = ProcessPoolExecutor(opts["jobs"], mp_context=multiprocessing.get_context("spawn")) \
         if opts["jobs"] > 1 else _Serial()
@@ -192,7 +193,7 @@ def main(argv):
         f.write(f"# ablate.py {' '.join(argv)}\n\n{len(jobs)} PPO runs, {time.time() - t0:.0f} s in all. "
                 f"Mean ± std over seeds; held-out prompts.\n\n{table}")
     plot(rows, adir, order)
-    write_examples(train.parse_args(rest), base, adir, order, seed0)
+    write_examples(C, base, adir, order, seed0)
     print(table)
 
 

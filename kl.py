@@ -7,7 +7,8 @@ Per response token t, with logp = log π_θ(y_t|s_t) and logp_ref = log π_ref(y
     full = Σ_v π_θ(v|s_t) (log π_θ(v|s_t) - log π_ref(v|s_t))   exact, from both softmax distributions
 The actor pays -β·kl_t at every response token (`shaped_rewards`). Unbiased *values* are not unbiased *gradients*:
 as a detached reward only k1 gives the policy gradient of the sequence KL (k3 and full do not; README, claim 4).
-β comes from a controller with `value` and `update(kl, n)`, where kl is the batch mean of per-sequence summed KL and n the number of sequences.
+β comes from a controller with `value` and `update(kl, n)`, where kl is the batch mean of per-sequence summed KL
+and n the number of sequences.
 Left out: KL in the other direction, entropy bonuses (ppo.py has ent_coef), per-token adaptive β.
 """
 from dataclasses import dataclass

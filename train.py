@@ -131,10 +131,11 @@ def check_values(C):
         if isinstance(v, bool) or not isinstance(v, (int, float)) or name == "seed":
             continue
         if v < 0 or (name in POSITIVE and v == 0) or (name in UNIT and v > 1):
-            die(f"bad value for --{name}: {v} (must be {'> 0' if name in POSITIVE else 'in [0, 1]' if name in UNIT else '>= 0'})")
+            rule = "> 0" if name in POSITIVE else "in [0, 1]" if name in UNIT else ">= 0"
+            die(f"bad value for --{name}: {v} (must be {rule})")
     W, G = C.get("WorldConfig"), C.get("GPTConfig")
     if W and W.vocab_size < 257:
-        die(f"bad value for --vocab_size: {W.vocab_size} (a byte-level BPE needs at least 257: 256 bytes + end-of-text)")
+        die(f"bad value for --vocab_size: {W.vocab_size} (a byte-level BPE needs 256 bytes + end-of-text: >= 257)")
     if G and G.n_embd % G.n_head:
         die(f"--n_embd={G.n_embd} is not divisible by --n_head={G.n_head}")
     if values.get("device") == "cuda" and not torch.cuda.is_available():

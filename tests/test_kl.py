@@ -21,7 +21,6 @@ def test_k1_and_k3_are_unbiased_for_the_full_kl():
         assert k2 >= 0
 
 
-
 def test_only_k1_as_a_reward_gives_the_gradient_of_the_kl():
     """One step, all tokens enumerated: the expected score-function gradient E_y[∇log π(y) · kl(y)] of a detached
     per-token reward equals ∇KL for k1; for the exact KL (the same for every y) it is zero; for k3 it is neither."""
