@@ -15,18 +15,24 @@ from dataclasses import dataclass
 import torch
 from torch.nn import functional as F
 
+from config import arg
+
 
 @dataclass
 class KLConfig:
-    kl_ctl: str = "adaptive"      # fixed, adaptive (Ziegler et al. 2019), band (x1.2 / /1.2), linear (decay)
-    init_kl_coef: float = 0.05    # β at the start (linear: the start value)
-    kl_target: float = 6.0        # adaptive: target KL per sequence, nats; band: the middle of its range
-    kl_horizon: int = 2000        # adaptive: sequences over which β can move by about 20 %
-    band_width: float = 0.5       # band: range is kl_target × (1 ± band_width)
-    kl_coef_end: float = 0.001    # linear: β at the end of training
-    kl_estimator: str = "k1"      # k1, k2, k3 or full: the per-token KL in the reward
-    kl_in: str = "reward"         # reward (shaped, detached) or loss (full KL as a differentiable loss term)
-    kl_ref: str = "frozen"        # frozen (π_ref) or rolling (the policy of the previous iteration)
+    kl_ctl: str = arg("adaptive", help="how β moves: fixed, adaptive (Ziegler et al. 2019), band (x1.2 or /1.2), "
+                      "linear (decay)", choices=["fixed", "adaptive", "band", "linear"])
+    init_kl_coef: float = arg(0.05, ">=0", "β at the start (linear: the start value)")
+    kl_target: float = arg(6.0, ">0", "adaptive: target KL per sequence, nats; band: the middle of its range")
+    kl_horizon: int = arg(2000, ">0", "adaptive: sequences over which β can move by about 20 %")
+    band_width: float = arg(0.5, "[0,1)", "band: the range is kl_target x (1 ± band_width)")
+    kl_coef_end: float = arg(0.001, ">=0", "linear: β at the end of training")
+    kl_estimator: str = arg("k1", help="per-token KL: k1, k2, k3, or full (exact, from both softmaxes)",
+                            choices=["k1", "k2", "k3", "full"])
+    kl_in: str = arg("reward", help="reward (-β·kl per token, detached) or loss (β·Σ_t kl, differentiated)",
+                     choices=["reward", "loss"])
+    ref_update: str = arg("frozen", help="frozen (π_ref) or rolling (the penalty's reference is the previous "
+                          "iteration's policy)", choices=["frozen", "rolling"])
 
 
 # ---- per-token estimators (B, R) ----
@@ -53,7 +59,8 @@ ESTIMATORS = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
 
 
 def per_token_kl(name, logp, logp_ref, logits=None, logits_ref=None):
-    """The configured estimator on response tokens (B, R); `full` needs the logits."""
+    """The configured estimator on response tokens (B, R); `full` needs the logits. Differentiable in every input,
+    so the same function serves the detached reward and the loss form."""
     if name == "full":
         return kl_full(logits, logits_ref)
     return ESTIMATORS[name](logp, logp_ref)

@@ -4,6 +4,8 @@ The same class serves as actor, frozen reference, and (through `hidden`) as the 
 the critic. Left-padded batches are supported: `mask` (B, T) marks real tokens; positions count real tokens only,
 so a prompt scores the same alone or padded inside a batch.
 Shapes: B batch, T tokens, C channels, V vocabulary, H heads.
+Also here: the sequence conventions every stage shares (`encode_prompts`, `response_mask`, `join_tokens`) and
+checkpoints (written atomically, loaded with weights_only=True onto the chosen device).
 Left out: flash/fused kernels, weight decay groups per parameter type, mixed precision.
 """
 from dataclasses import dataclass, asdict
@@ -12,16 +14,19 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
+from config import arg, RunError
+import store
+
 
 @dataclass
 class GPTConfig:
-    block_size: int = 128     # longest prompt + response, in tokens
-    vocab_size: int = 1024
-    n_layer: int = 4
-    n_head: int = 4
-    n_embd: int = 128
-    dropout: float = 0.0
-    bias: bool = True
+    block_size: int = arg(128, ">0", "longest prompt + response, in tokens")
+    vocab_size: int = 1024    # set from the tokenizer
+    n_layer: int = arg(4, ">0")
+    n_head: int = arg(4, ">0")
+    n_embd: int = arg(128, ">0")
+    dropout: float = arg(0.0, "[0,1)", "pretraining only: RL runs with dropout off")
+    bias: bool = arg(True, help="biases in Linear and LayerNorm")
 
 
 class SelfAttention(nn.Module):
@@ -97,7 +102,7 @@ class GPT(nn.Module):
             kj = torch.arange(past + T, device=idx.device)[None, :]                    # key positions
             allowed = (kj <= qi) & mask[:, None, :]                                    # (B, T, T_past + T)
             allowed = (allowed | (kj == qi))[:, None]           # a pad still sees itself: no empty softmax rows
-        assert past + T <= self.config.block_size, f"sequence of {past + T} tokens exceeds block_size"
+        assert past + T <= self.config.block_size, f"{past + T} tokens exceed block_size {self.config.block_size}"
         x = self.drop(self.wte(idx) + self.wpe(pos))            # (B, T, C)
         for i, block in enumerate(self.blocks):
             x = block(x, allowed, cache, i)
@@ -122,6 +127,8 @@ class GPT(nn.Module):
         done = torch.zeros(B, dtype=torch.bool, device=idx.device)
         toks, logps = [], []
         for _ in range(max_new_tokens):
+            if not torch.isfinite(logits).all():              # sampling from NaN would fail obscurely
+                raise RunError("the model's logits are not finite while sampling: training diverged", 1)
             logits = logits.float() / temperature
             if top_k is not None and top_k < logits.size(-1):
                 kth = torch.topk(logits, top_k).values[:, -1:]
@@ -143,16 +150,44 @@ class GPT(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
 
+MAX_BAD_STEPS = 5      # non-finite steps in a row that stop a run
+
+
+class StepGuard:
+    """One optimizer step per call, skipped (and counted) when the loss or the gradient is not finite, so no NaN
+    reaches the weights; MAX_BAD_STEPS skips in a row stop the run with a one-line error."""
+
+    def __init__(self, what):
+        self.what, self.skipped, self.in_a_row = what, 0, 0
+
+    def step(self, loss, opt, params, max_norm):
+        opt.zero_grad(set_to_none=True)
+        ok = bool(torch.isfinite(loss))
+        if ok:
+            loss.backward()
+            ok = bool(torch.isfinite(torch.nn.utils.clip_grad_norm_(params, max_norm)))
+        if ok:
+            opt.step()
+            self.in_a_row = 0
+            return True
+        opt.zero_grad(set_to_none=True)
+        self.skipped, self.in_a_row = self.skipped + 1, self.in_a_row + 1
+        if self.in_a_row >= MAX_BAD_STEPS:
+            raise RunError(f"{self.what} diverged: {self.in_a_row} steps in a row with a non-finite loss or "
+                           "gradient (lower the learning rate)", 1)
+        return False
+
+
 def save_checkpoint(model, path, **extra):
-    torch.save({"config": asdict(model.config), "model": model.state_dict(), **extra}, path)
+    store.save_torch({"config": asdict(model.config), "model": model.state_dict(), **extra}, path)
 
 
 def load_checkpoint(path, device="cpu"):
-    """Returns (GPT, checkpoint dict). Plain tensors and dicts only: safe with weights_only=True."""
-    ckpt = torch.load(path, map_location=device, weights_only=True)
+    """Returns (GPT on device, checkpoint dict). Plain tensors and dicts only: safe with weights_only=True."""
+    ckpt = store.load_torch(path, device)
     model = GPT(GPTConfig(**ckpt["config"]))
     model.load_state_dict(ckpt["model"])
-    return model, ckpt
+    return model.to(device), ckpt
 
 
 def pad_left(seqs, pad_id):
@@ -163,14 +198,35 @@ def pad_left(seqs, pad_id):
     return idx, mask
 
 
+def encode_prompts(enc, prompts):
+    """Prompts -> left-padded ids (B, Tp) and mask (B, Tp). Each starts with end-of-text, as every document after
+    the first does in the pretraining stream."""
+    return pad_left([[enc.eot_token] + enc.encode_ordinary(p) for p in prompts], enc.eot_token)
+
+
+def response_mask(response, eos):
+    """(B, R) True up to and including the first end-of-text; all True for a truncated row."""
+    is_eos = (response == eos).long()
+    return torch.cumsum(is_eos, 1) - is_eos == 0                  # no end-of-text strictly before t
+
+
+def join_tokens(query, query_mask, response, mask):
+    """Per row: the prompt's real tokens followed by the response's real tokens (a list of id lists)."""
+    return [q[qm].tolist() + r[m].tolist() for q, qm, r, m in zip(query, query_mask, response, mask)]
+
+
+def response_hidden(trunk, query, query_mask, response):
+    """Final-layer features (B, R, C) at the positions that predict each response token: one forward over
+    query (B, Tp, left-padded) + response (B, R) without its last token, which predicts nothing here.
+    Tokens after end-of-text are attended by nothing earlier, so they never change these features."""
+    seq = torch.cat([query, response[:, :-1]], 1)                                     # (B, Tp + R - 1)
+    mask = torch.cat([query_mask, torch.ones_like(response[:, :-1], dtype=torch.bool)], 1)
+    return trunk.hidden(seq, mask)[:, query.size(1) - 1:]                             # (B, R, C)
+
+
 def response_logits(model, query, query_mask, response, temperature):
-    """Temperature-scaled logits (B, R, V) that predict each response token, from one forward over
-    query (B, Tp, left-padded, query_mask) + response (B, R). Tokens after end-of-text are attended by nothing
-    earlier, so they never change these logits."""
-    seq = torch.cat([query, response], 1)                                             # (B, Tp + R)
-    mask = torch.cat([query_mask, torch.ones_like(response, dtype=torch.bool)], 1)
-    logits, _ = model(seq, mask=mask)
-    return logits[:, query.size(1) - 1:-1].float() / temperature                     # (B, R, V)
+    """Temperature-scaled logits (B, R, V) that predict each response token."""
+    return model.lm_head(response_hidden(model, query, query_mask, response)).float() / temperature   # (B, R, V)
 
 
 def token_logprobs(logits, tokens):

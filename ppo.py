@@ -1,39 +1,53 @@
-"""The PPO update: GAE, whitening, the clipped surrogate and the clipped value loss.
+"""PPO for RLHF: the experience of one rollout, the clipped update, and the loop that runs them.
 
-Given a rollout batch (made in train.py's ppo loop), with R response tokens per row and mask (B, R) true up to and
-including end-of-text:
-    advantages  GAE(γ, λ) by a reverse scan over response tokens; returns = advantages + values
-    ratio       π_θ(y_t|s_t) / π_θ_old(y_t|s_t)      (never π_ref: the reference only enters the reward)
-    pg_losses   max(-A·ratio, -A·clip(ratio, 1-ε, 1+ε))
-    vf_losses   ½ max((V - G)², (clip(V, V_old ± ε_v) - G)²)
-The actor and the critic (a separate trunk + head, initialised from the reward model) step on one loss.
-Names follow lm-human-preferences and TRL: lastgaelam, vpredclipped, pg_losses, whiten.
-Left out: value-head sharing with the actor, reward whitening, early stopping on approx-KL.
+    python train.py --stage=ppo      # runs `train_ppo` on the pretrained actor, the frozen reference, the reward model
+
+One iteration (find `# ---- ppo loop ----`), as in lm-human-preferences and TRL:
+    rollout     the actor samples a response to each prompt (KV cache, temperature T)
+    experience  old log-probs from the actor (the rollout policy, never the reference), reference log-probs,
+                critic values, the reward model's score (minus missing_eos_penalty without end-of-text),
+                rewards r_t = -β·kl_t with the score added at the last real token, GAE advantages (whitened), returns
+    update      ppo_epochs passes over shuffled minibatches:
+                ratio = π_θ/π_θ_old;  pg_losses = max(-A·ratio, -A·clip(ratio, 1-ε, 1+ε))
+                vf_losses = ½ max((V - G)², (vpredclipped - G)²),  vpredclipped = V_old + clip(V - V_old, ±ε_v)
+                actor and critic have separate optimizers and gradient clips: the value loss cannot slow the actor
+    β           the controller is fed this rollout's exact KL to the penalty's reference
+    log, save   one metrics dict and log line per iteration; a resumable state every save_interval iterations
+Shapes: B batch, Tp prompt tokens (left-padded), R response tokens, V vocabulary; mask (B, R) is true up to and
+including end-of-text. Names follow lm-human-preferences and TRL: lastgaelam, vpredclipped, pg_losses, whiten.
+Left out: a value head sharing the actor's trunk, reward whitening, early stopping on approx-KL.
 """
-from dataclasses import dataclass
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+import os, time
 import torch
 from torch.nn import functional as F
 
-from kl import kl_full, per_token_kl, shaped_rewards
-from model import response_logits, token_logprobs
+import data, store
+from config import arg, RunError
+from kl import kl_full, make_kl_controller, per_token_kl, shaped_rewards
+from model import (StepGuard, encode_prompts, join_tokens, response_logits, response_mask, token_logprobs)
+from ref import Reference
+from reward import response_values, score as reward_score
 
 
 @dataclass
 class PPOConfig:
-    ppo_iters: int = 60         # rollout + update iterations
-    rollout_batch: int = 64     # responses per rollout
-    minibatch_size: int = 16
-    ppo_epochs: int = 4         # passes over each rollout
-    ppo_lr: float = 5e-5        # actor learning rate
-    vf_lr: float = 1e-4         # critic learning rate
-    gamma: float = 1.0
-    lam: float = 0.95
-    cliprange: float = 0.2
-    cliprange_value: float = 0.2
-    vf_coef: float = 0.1
-    ent_coef: float = 0.0
-    max_grad_norm: float = 1.0
-    n_eval: int = 200           # held-out prompts for the before/after report
+    ppo_iters: int = arg(60, ">0", "rollout + update iterations")
+    rollout_batch: int = arg(64, ">0", "responses per rollout")
+    minibatch_size: int = arg(16, ">0")
+    ppo_epochs: int = arg(4, ">0", "passes over each rollout")
+    ppo_lr: float = arg(5e-5, ">0", "actor learning rate")
+    vf_lr: float = arg(1e-4, ">0", "critic learning rate (its own optimizer: there is no vf_coef)")
+    gamma: float = arg(1.0, "[0,1]")
+    lam: float = arg(0.95, "[0,1]")
+    cliprange: float = arg(0.2, ">0")
+    cliprange_value: float = arg(0.2, ">0")
+    ent_coef: float = arg(0.0, ">=0", "entropy bonus in the actor's loss")
+    max_grad_norm: float = arg(1.0, ">0", "gradient clip, for the actor and the critic separately")
+    missing_eos_penalty: float = arg(1.0, ">=0", "subtracted from the score of a response without end-of-text")
+    save_interval: int = arg(10, ">0", "iterations between resumable checkpoints")
+    n_eval: int = arg(200, ">0", "held-out samples in the final evaluation")
 
 
 def masked_mean(x, mask):
@@ -98,59 +112,169 @@ def entropy_from_logits(logits):
 
 
 @torch.no_grad()
-def make_experience(actor, critic, ref, pen_ref, query, query_mask, response, mask, scores, beta, kl_cfg, cfg,
+def make_experience(actor, critic, ref, pen_ref, rm, query, query_mask, response, eos, beta, kl_cfg, cfg,
                     temperature):
-    """Everything the update needs from one rollout: old and reference log-probs, critic values, KL-shaped
-    rewards, whitened GAE advantages and returns. scores (B,) are the reward model's; pen_ref is the reference the
-    penalty uses (the frozen one, or the previous policy for --kl_ref=rolling). Returns (batch, kl info)."""
+    """Everything the update needs from one rollout (query (B, Tp) left-padded, response (B, R) as sampled).
+    ref is the frozen reference; pen_ref the one the penalty uses (ref, or the previous policy when rolling).
+    Returns (batch of (B, ...) tensors for ppo_update, info for logging)."""
+    mask = response_mask(response, eos)                                                        # (B, R)
+    truncated = ~(response == eos).any(1)                                                      # (B,) no end-of-text
+    scores = reward_score(rm, join_tokens(query, query_mask, response, mask), eos)              # (B,)
+    scores = scores - cfg.missing_eos_penalty * truncated                  # the reward model never saw such text
     logits = response_logits(actor, query, query_mask, response, temperature)                  # (B, R, V)
-    old_logprobs = token_logprobs(logits, response)                                            # (B, R)
+    old_logprobs = token_logprobs(logits, response)                                            # (B, R) rollout policy
     ref_logits = ref.logits(query, query_mask, response, temperature)                          # (B, R, V)
     pen_logits = ref_logits if pen_ref is ref else pen_ref.logits(query, query_mask, response, temperature)
-    seq = torch.cat([query, response], 1)
-    values = critic(seq, torch.cat([query_mask, torch.ones_like(mask)], 1))[:, query.size(1) - 1:-1]  # (B, R)
-    kl = per_token_kl(kl_cfg.kl_estimator, old_logprobs, token_logprobs(pen_logits, response), logits, pen_logits)
-    rewards = shaped_rewards(scores, kl if kl_cfg.kl_in == "reward" else torch.zeros_like(kl), mask, beta)
-    advantages, returns = compute_gae(rewards, values, mask, cfg.gamma, cfg.lam)
+    pen_logprobs = token_logprobs(pen_logits, response)                                        # (B, R)
+    values = response_values(critic, query, query_mask, response)                              # (B, R)
+    kl = per_token_kl(kl_cfg.kl_estimator, old_logprobs, pen_logprobs, logits, pen_logits)     # (B, R)
+    in_reward = kl if kl_cfg.kl_in == "reward" else torch.zeros_like(kl)       # loss form: the update pays it
+    rewards = shaped_rewards(scores, in_reward, mask, beta)                                    # (B, R)
+    advantages, returns = compute_gae(rewards, values, mask, cfg.gamma, cfg.lam)               # (B, R) each
     batch = dict(query=query, query_mask=query_mask, response=response, mask=mask, old_logprobs=old_logprobs,
                  values=values, advantages=whiten(advantages, mask), returns=returns)
     if kl_cfg.kl_in == "loss":
-        batch["ref_logits"] = pen_logits
-    info = dict(kl=kl,                                                     # (B, R) the estimator, as penalised
-                kl_ref=(kl_full(logits, ref_logits) * mask).sum(1),        # (B,) exact, to the frozen reference
-                kl_pen=(kl_full(logits, pen_logits) * mask).sum(1))        # (B,) exact, what β controls
+        batch["ref_logprobs"] = pen_logprobs
+        if kl_cfg.kl_estimator == "full":
+            batch["ref_logits"] = pen_logits
+    info = dict(scores=scores, truncated=truncated, rewards=rewards, mask=mask,
+                kl=torch.where(mask, kl, 0.0),                            # (B, R) the estimator, as penalised
+                non_score=torch.where(mask, -beta * in_reward, 0.0).sum(1),  # (B,) the penalty the rewards hold
+                kl_exact=(kl_full(logits, ref_logits) * mask).sum(1),     # (B,) exact, to the frozen reference
+                kl_pen=(kl_full(logits, pen_logits) * mask).sum(1))       # (B,) exact, what β controls
     return batch, info
 
 
-def ppo_update(actor, critic, opt, batch, cfg, temperature, kl_coef=0.0, kl_in="reward"):
-    """Several epochs of shuffled minibatches over one rollout. batch holds (B, ·) tensors: query, query_mask,
-    response, mask, old_logprobs, values, advantages, returns (and ref_logits when kl_in == 'loss').
-    Returns the mean of each logged statistic."""
-    B, Tp = batch["query"].shape
-    stats = {k: [] for k in ("pg_loss", "vf_loss", "clipfrac", "approxkl", "ratio", "vf_clipfrac", "entropy", "kl_loss")}
-    params = [p for g in opt.param_groups for p in g["params"]]
-    for _ in range(cfg.ppo_epochs):
+def ppo_update(actor, critic, opts, guards, batch, cfg, temperature, beta=0.0, kl_cfg=None):
+    """ppo_epochs passes of shuffled minibatches over one rollout. opts and guards: (actor's, critic's).
+    Returns the mean of each logged statistic, and ratio_dev_first: max |ratio - 1| on the first minibatch,
+    which is 0 when the old log-probs come from the policy that sampled the batch."""
+    B = batch["response"].size(0)
+    stats = defaultdict(list)
+    actor_params, critic_params = list(actor.parameters()), list(critic.parameters())
+    for epoch in range(cfg.ppo_epochs):
         perm = torch.randperm(B)
         for i in range(0, B, cfg.minibatch_size):
             mb = {k: v[perm[i:i + cfg.minibatch_size]] for k, v in batch.items()}
-            logits = response_logits(actor, mb["query"], mb["query_mask"], mb["response"], temperature)  # (b, R, V)
-            logprobs = token_logprobs(logits, mb["response"])                                             # (b, R)
-            seq = torch.cat([mb["query"], mb["response"]], 1)
-            seq_mask = torch.cat([mb["query_mask"], torch.ones_like(mb["response"], dtype=torch.bool)], 1)
-            vpred = critic(seq, seq_mask)[:, Tp - 1:-1]                       # (b, R) value before each token
-            pg_loss, clipfrac, approxkl, ratio = policy_loss(logprobs, mb["old_logprobs"], mb["advantages"],
-                                                              mb["mask"], cfg.cliprange)
-            vf_loss, vf_clipfrac = value_loss(vpred, mb["values"], mb["returns"], mb["mask"], cfg.cliprange_value)
-            entropy = masked_mean(entropy_from_logits(logits), mb["mask"])
-            loss = pg_loss + cfg.vf_coef * vf_loss - cfg.ent_coef * entropy
+            q, qm, resp, mask = mb["query"], mb["query_mask"], mb["response"], mb["mask"]
+            logits = response_logits(actor, q, qm, resp, temperature)                           # (b, R, V)
+            logprobs = token_logprobs(logits, resp)                                              # (b, R)
+            pg_loss, clipfrac, approxkl, ratio = policy_loss(logprobs, mb["old_logprobs"], mb["advantages"], mask,
+                                                              cfg.cliprange)
+            entropy = masked_mean(entropy_from_logits(logits), mask)
+            actor_loss = pg_loss - cfg.ent_coef * entropy
             kl_loss = torch.zeros(())
-            if kl_in == "loss":               # exact KL, differentiated: only the direct part of its gradient
-                kl_loss = masked_mean(kl_full(logits, mb["ref_logits"]), mb["mask"])
-                loss = loss + kl_coef * kl_loss
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
-            opt.step()
-            for k, v in zip(stats, (pg_loss, vf_loss, clipfrac, approxkl, ratio, vf_clipfrac, entropy, kl_loss)):
+            if kl_cfg is not None and kl_cfg.kl_in == "loss":      # the estimator, differentiated, summed per sequence
+                kl = per_token_kl(kl_cfg.kl_estimator, logprobs, mb["ref_logprobs"], logits, mb.get("ref_logits"))
+                kl_loss = torch.where(mask, kl, 0.0).sum(1).mean()
+                actor_loss = actor_loss + beta * kl_loss
+            vpred = response_values(critic, q, qm, resp)                                        # (b, R)
+            vf_loss, vf_clipfrac = value_loss(vpred, mb["values"], mb["returns"], mask, cfg.cliprange_value)
+            if not stats["ratio_dev_first"]:
+                dev = (torch.exp(logprobs - mb["old_logprobs"]) - 1).abs()
+                stats["ratio_dev_first"].append(torch.where(mask, dev, 0.0).max().item())
+            guards[0].step(actor_loss, opts[0], actor_params, cfg.max_grad_norm)
+            guards[1].step(vf_loss, opts[1], critic_params, cfg.max_grad_norm)
+            for k, v in dict(pg_loss=pg_loss, vf_loss=vf_loss, clipfrac=clipfrac, approxkl=approxkl, ratio=ratio,
+                             vf_clipfrac=vf_clipfrac, entropy=entropy, kl_loss=kl_loss).items():
                 stats[k].append(v.item())
     return {k: sum(v) / len(v) for k, v in stats.items()}
+
+
+def _rng_states():
+    return dict(torch=torch.get_rng_state(), cuda=torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [])
+
+
+def _set_rng_states(s):
+    torch.set_rng_state(s["torch"])
+    if s["cuda"]:
+        torch.cuda.set_rng_state_all(s["cuda"])
+
+
+def train_ppo(actor, critic, ref, rm, enc, prompts, cfg, run_dir, stamp, log=print):
+    """PPO from the given actor and critic (both trained in place) against the frozen reference `ref` and the
+    reward model `rm`. Writes run_dir/metrics.jsonl every iteration and run_dir/ppo_state.pt every save_interval
+    iterations; a state whose `stamp` (config and input hashes) matches is resumed, so an interrupted run ends
+    with the same numbers as an uninterrupted one. Returns (metrics rows, final β)."""
+    run, K, P = cfg.run, cfg.kl, cfg.ppo
+    eos, device = enc.eot_token, run.device
+    opts = (torch.optim.AdamW(actor.parameters(), lr=P.ppo_lr, eps=1e-5, weight_decay=0.0),
+            torch.optim.AdamW(critic.parameters(), lr=P.vf_lr, eps=1e-5, weight_decay=0.0))
+    guards = (StepGuard("PPO (actor)"), StepGuard("PPO (critic)"))
+    kl_ctl = make_kl_controller(K, P.ppo_iters * P.rollout_batch)
+    pen_ref = ref                                  # rolling: the previous iteration's policy, replaced every iteration
+    prompt_gen = torch.Generator().manual_seed(run.seed)
+    metrics, start = [], 0
+    state_path, metrics_path = os.path.join(run_dir, "ppo_state.pt"), os.path.join(run_dir, "metrics.jsonl")
+    if os.path.exists(state_path):
+        s = store.load_torch(state_path, device)
+        if s["stamp"] == stamp:                    # same config, same inputs: go on where it stopped
+            actor.load_state_dict(s["actor"]); critic.load_state_dict(s["critic"])
+            for o, sd in zip(opts, s["opts"]):
+                o.load_state_dict(sd)
+            for g, n in zip(guards, s["skipped"]):
+                g.skipped = n
+            kl_ctl.__dict__.update(s["kl_ctl"])
+            if s["pen_ref"] is not None:
+                pen_ref = Reference(actor)
+                pen_ref.model.load_state_dict(s["pen_ref"])
+            prompt_gen.set_state(s["prompt_gen"]); _set_rng_states(s["rng"])
+            metrics, start = s["metrics"], s["iter"]
+            log(f"ppo: resuming from {state_path} after iteration {start}")
+        else:
+            log(f"ppo: {state_path} was made under another config or inputs; starting over")
+    t0 = time.time() - (metrics[-1]["time/elapsed"] if metrics else 0.0)
+    # ---- ppo loop ----
+    for it in range(start, P.ppo_iters):
+        t_it = time.time()
+        idx = torch.randint(len(prompts), (P.rollout_batch,), generator=prompt_gen).tolist()
+        batch_prompts = [prompts[i] for i in idx]
+        q, qm = (x.to(device) for x in encode_prompts(enc, batch_prompts))                      # (B, Tp)
+        actor.eval(); critic.eval()                                # dropout off during RL; gradients still flow
+        # 1. rollout: the actor as it is now is the rollout policy π_θ_old
+        resp, _ = actor.generate(q, run.response_length, run.temperature, eos=eos, mask=qm)    # (B, R)
+        # 2. experience
+        beta = kl_ctl.value
+        batch, info = make_experience(actor, critic, ref, pen_ref, rm, q, qm, resp, eos, beta, K, P, run.temperature)
+        if it == 0 and info["kl_exact"].abs().max() > 1e-6:
+            raise RunError(f"the first rollout is {info['kl_exact'].max().item():.3g} nats from the reference, not 0: "
+                           "the actor does not start as the reference (a stale ref.pt?); redo with --fresh")
+        snapshot = Reference(actor) if K.ref_update == "rolling" else None     # this iteration's policy, frozen
+        # 3. update
+        stats = ppo_update(actor, critic, opts, guards, batch, P, run.temperature, beta, K)
+        # 4. β, and the rolling reference moves on
+        kl_ctl.update(info["kl_pen"].mean().item(), P.rollout_batch)
+        if snapshot is not None:
+            pen_ref = snapshot
+        # 5. log
+        mask, scores = info["mask"], info["scores"]
+        texts = [enc.decode(r[m].tolist()) for r, m in zip(resp.cpu(), mask.cpu())]
+        gold = [data.gold_score(p, t) for p, t in zip(batch_prompts, texts)]
+        n_tok, dt = mask.sum().item(), time.time() - t_it
+        row = {"iter": it + 1, "objective/kl": info["kl_exact"].mean().item(),
+               "objective/kl_penalized": info["kl_pen"].mean().item(),
+               "objective/kl_estimate": info["kl"].sum(1).mean().item(), "objective/kl_coef": beta,
+               "objective/scores": scores.mean().item(), "objective/gold": sum(gold) / len(gold),
+               "objective/non_score_reward": info["non_score"].mean().item(),
+               "objective/rlhf_reward": (scores + info["non_score"]).mean().item(),
+               "objective/missing_eos": info["truncated"].float().mean().item(), "objective/entropy": stats["entropy"],
+               "policy/clipfrac_avg": stats["clipfrac"], "policy/approxkl_avg": stats["approxkl"],
+               "policy/ratio_dev_first": stats["ratio_dev_first"],
+               "policy/skipped_updates": guards[0].skipped + guards[1].skipped,
+               "loss/policy_avg": stats["pg_loss"], "loss/value_avg": stats["vf_loss"], "loss/kl_avg": stats["kl_loss"],
+               "val/clipfrac_avg": stats["vf_clipfrac"], "val/ratio": stats["ratio"],
+               "val/num_eos_tokens": (~info["truncated"]).float().sum().item(), "val/response_length": n_tok / len(resp),
+               "time/tokens_per_second": n_tok / dt, "time/elapsed": time.time() - t0}
+        metrics.append(row)
+        store.save_json(metrics_path, metrics, lines=True)
+        eta = (time.time() - t0) / (it + 1) * (P.ppo_iters - it - 1)
+        log(f"iter {it + 1}/{P.ppo_iters} | rm {row['objective/scores']:+.2f} | gold {row['objective/gold']:+.2f} | "
+            f"kl {row['objective/kl']:.2f} | β {beta:.4f} | ent {stats['entropy']:.2f} | clip {stats['clipfrac']:.3f} | "
+            f"approxkl {stats['approxkl']:.4f} | vf {stats['vf_loss']:.3f} | len {row['val/response_length']:.1f} | "
+            f"{row['time/tokens_per_second']:.0f} tok/s | eta {int(eta // 60)}m{int(eta % 60):02d}s")
+        if (it + 1) % P.save_interval == 0 or it + 1 == P.ppo_iters:
+            store.save_torch(dict(stamp=stamp, iter=it + 1, actor=actor.state_dict(), critic=critic.state_dict(),
+                                  opts=[o.state_dict() for o in opts], skipped=[g.skipped for g in guards],
+                                  kl_ctl=asdict(kl_ctl), pen_ref=None if pen_ref is ref else pen_ref.model.state_dict(),
+                                  prompt_gen=prompt_gen.get_state(), rng=_rng_states(), metrics=metrics), state_path)
+    return metrics, kl_ctl.value

@@ -13,17 +13,19 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from model import GPT, GPTConfig, pad_left
+from config import arg
+from model import GPT, GPTConfig, StepGuard, pad_left, response_hidden
+import store
 
 
 @dataclass
 class RewardConfig:
-    n_pairs: int = 8000         # preference pairs (prompt, two pretrained samples, one noisy label)
-    rm_layers: int = 0          # layers of the pretrained trunk the reward model keeps (0 = all)
-    rm_epochs: int = 3
-    rm_lr: float = 1e-3
-    rm_batch_size: int = 32
-    rm_val_frac: float = 0.1    # held-out pairs for the accuracies
+    n_pairs: int = arg(8000, ">0", "preference pairs (prompt, two pretrained samples, one noisy label)")
+    rm_layers: int = arg(0, ">=0", "layers of the pretrained trunk the reward model keeps (0 = all)")
+    rm_epochs: int = arg(3, ">0")
+    rm_lr: float = arg(1e-3, ">0")
+    rm_batch_size: int = arg(32, ">0")
+    rm_val_frac: float = arg(0.1, "(0,1)", "held-out pairs for the accuracies")
 
 
 class ScalarModel(nn.Module):
@@ -39,7 +41,15 @@ class ScalarModel(nn.Module):
         self.register_buffer("bias", torch.tensor(0.0))
 
     def forward(self, idx, mask=None):
-        return self.head(self.trunk.hidden(idx, mask)).squeeze(-1) * self.gain + self.bias   # (B, T)
+        return self.from_hidden(self.trunk.hidden(idx, mask))                     # (B, T)
+
+    def from_hidden(self, h):
+        return self.head(h).squeeze(-1) * self.gain + self.bias                   # (B, T, C) -> (B, T)
+
+
+def response_values(critic, query, query_mask, response):
+    """The critic's value (B, R) of the state before each response token (the prefix that predicts it)."""
+    return critic.from_hidden(response_hidden(critic.trunk, query, query_mask, response))
 
 
 def from_pretrained(lm, n_layers=0):
@@ -78,16 +88,15 @@ def train_reward_model(lm, pairs, cfg, pad_id, seed=0, log=print):
     opt = torch.optim.AdamW(rm.parameters(), lr=cfg.rm_lr, weight_decay=0.0)
     steps = cfg.rm_epochs * ((len(tr) + cfg.rm_batch_size - 1) // cfg.rm_batch_size)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 - s / max(1, steps))   # linear decay
+    guard = StepGuard("reward model training")
     for epoch in range(cfg.rm_epochs):
         perm, losses = rng.permutation(len(tr)), []
         for i in range(0, len(tr), cfg.rm_batch_size):
             mb = [tr[j] for j in perm[i:i + cfg.rm_batch_size]]
             r = score(rm, [p["chosen"] for p in mb] + [p["rejected"] for p in mb], pad_id)   # (2b,)
             loss = bt_loss(r[:len(mb)], r[len(mb):])
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(rm.parameters(), 1.0)
-            opt.step(); sched.step()
+            guard.step(loss, opt, list(rm.parameters()), 1.0)
+            sched.step()
             losses.append(loss.item())
         log(f"reward model epoch {epoch + 1}/{cfg.rm_epochs}: bt loss {np.mean(losses):.3f}")
     rm.eval()
@@ -100,7 +109,7 @@ def train_reward_model(lm, pairs, cfg, pad_id, seed=0, log=print):
     rm.gain.fill_(1.0 / all_scores.std().clamp(min=1e-6).item())          # normalise on the pretrained policy
     rm.bias.fill_(-all_scores.mean().item() * rm.gain.item())
     stats = dict(n_train=len(tr), n_val=len(val), val_loss=bt_loss(rc, rr).item(),
-                 acc_noisy=(rc > rr).float().mean().item(),
+                 acc_noisy=(rc > rr).float().mean().item(), skipped_updates=guard.skipped,
                  acc_gold=((rc - rr)[decided] * gold_diff[decided] > 0).float().mean().item(),
                  annotator_agreement=float(np.mean([(p["gold_chosen"] > p["gold_rejected"]) for p in pairs
                                                     if p["gold_chosen"] != p["gold_rejected"]])))
@@ -108,11 +117,11 @@ def train_reward_model(lm, pairs, cfg, pad_id, seed=0, log=print):
 
 
 def save_scalar_model(model, path, **extra):
-    torch.save({"config": asdict(model.trunk.config), "model": model.state_dict(), **extra}, path)
+    store.save_torch({"config": asdict(model.trunk.config), "model": model.state_dict(), **extra}, path)
 
 
 def load_scalar_model(path, device="cpu"):
-    ckpt = torch.load(path, map_location=device, weights_only=True)
+    ckpt = store.load_torch(path, device)
     model = ScalarModel(GPT(GPTConfig(**ckpt["config"])))
     model.load_state_dict(ckpt["model"])
     return model.to(device).eval(), ckpt

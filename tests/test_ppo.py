@@ -1,12 +1,16 @@
-"""GAE, the clipped objective, and the masking of everything after end-of-text."""
+"""PPO through the code the pipeline runs: make_experience and ppo_update against slow per-row computations
+(each response alone, unpadded, one full forward, GAE as an explicit sum), plus GAE, clipping and masking."""
 import copy
+import pytest
 import torch
 from torch.nn import functional as F
-from model import GPT, GPTConfig, pad_left, response_logits
+from model import GPT, GPTConfig, StepGuard, pad_left
 from reward import ScalarModel
 from ref import Reference
-from kl import kl_full
+from kl import KLConfig, kl_full
 import ppo
+
+EOS = 3
 
 
 def test_gae_equals_brute_force_sum():
@@ -59,62 +63,169 @@ def test_value_loss_clips_far_predictions():
     assert vpred2.grad[0, 0] == 0
 
 
-def tiny():
-    torch.manual_seed(0)
-    actor = GPT(GPTConfig(block_size=40, vocab_size=50, n_layer=2, n_head=2, n_embd=32)).eval()
-    critic = ScalarModel(copy.deepcopy(actor))
-    torch.nn.init.normal_(critic.head.weight, 0, 0.1)
-    q, qm = pad_left([[1, 2, 3, 4], [5, 6], [7, 8, 9], [10]], 0)
-    resp, _ = actor.generate(q, 10, eos=3, mask=qm)
-    resp[0, 4] = 3                                                  # make sure one row ends early
-    resp[0, 5:] = 3
-    return actor, critic, q, qm, resp
 
-
-def make_batch(actor, critic, q, qm, resp, eos=3):
-    mask = torch.cumsum((resp == eos).long(), 1) - (resp == eos).long() == 0
+def tiny(seed=0):
+    """A random actor, a reference that differs from it, a critic and a reward model with random heads, prompts of
+    different lengths (left-padded) and sampled responses: row 0 ends early, row 1 is truncated (no end-of-text)."""
+    torch.manual_seed(seed)
+    cfg = GPTConfig(block_size=40, vocab_size=50, n_layer=2, n_head=2, n_embd=32)
+    ref_model = GPT(cfg).eval()
+    actor = copy.deepcopy(ref_model)
     with torch.no_grad():
-        logits = response_logits(actor, q, qm, resp, 1.0)
-        old = F.log_softmax(logits, -1).gather(2, resp[..., None]).squeeze(-1)
-        values = critic(torch.cat([q, resp], 1), torch.cat([qm, torch.ones_like(mask)], 1))[:, q.size(1) - 1:-1]
-    adv = torch.randn(resp.shape, generator=torch.Generator().manual_seed(5))
-    return dict(query=q, query_mask=qm, response=resp, mask=mask, old_logprobs=old, values=values,
-                advantages=ppo.whiten(adv, mask), returns=values + 1.0, ref_logits=logits.clone())
+        for p in actor.parameters():
+            p.add_(0.05 * torch.randn_like(p))                      # the actor has moved away from the reference
+    critic, rm = ScalarModel(copy.deepcopy(ref_model)), ScalarModel(copy.deepcopy(ref_model))
+    for m in (critic, rm):
+        torch.nn.init.normal_(m.head.weight, 0, 0.5)
+        torch.nn.init.normal_(m.head.bias, 0, 0.5)
+    prompts = [[1, 2, 4, 5], [5, 6], [7, 8, 9], [10]]
+    q, qm = pad_left(prompts, EOS)
+    resp, _ = actor.generate(q, 10, temperature=0.7, eos=EOS, mask=qm)
+    resp[0, 4:] = EOS                                               # ends at index 4
+    resp[1] = torch.where(resp[1] == EOS, 11, resp[1])              # truncated: no end-of-text at all
+    return actor, Reference(ref_model), critic, rm, prompts, q, qm, resp
 
 
-def test_first_minibatch_ratio_is_one_and_kl_to_reference_is_zero():
-    actor, critic, q, qm, resp = tiny()
-    ref = Reference(actor)
-    b = make_batch(actor, critic, q, qm, resp)
-    mb = torch.tensor([2, 0])                                      # a minibatch, as the update would draw it
-    logits = response_logits(actor, q[mb], qm[mb], resp[mb], 1.0)
-    new = F.log_softmax(logits, -1).gather(2, resp[mb][..., None]).squeeze(-1)
-    ratio = torch.exp(new - b["old_logprobs"][mb])
-    assert (ratio - 1).abs().max() < 1e-6
-    assert kl_full(response_logits(actor, q, qm, resp, 1.0), ref.logits(q, qm, resp, 1.0)).abs().max() == 0
+def slow_row(model, prompt, response, T):
+    """Log-probs (n,) of `response` after `prompt`, from one full forward of that row alone, no padding."""
+    seq = torch.tensor([prompt + response])
+    logits = model(seq)[0][0, len(prompt) - 1:-1] / T
+    return F.log_softmax(logits, -1).gather(1, torch.tensor(response)[:, None])[:, 0]
+
+
+def slow_experience(actor, ref, critic, rm, prompts, resp, beta, gamma, lam, penalty, T):
+    """make_experience, the slow way: every row alone, GAE as an explicit sum, whitening over all real tokens."""
+    rows = []
+    for p, r in zip(prompts, resp.tolist()):
+        n = r.index(EOS) + 1 if EOS in r else len(r)               # real tokens, end-of-text included
+        r = r[:n]
+        with torch.no_grad():
+            lp, lp_ref = slow_row(actor, p, r, T), slow_row(ref.model, p, r, T)
+            seq = torch.tensor([p + r])
+            values = critic(seq)[0, len(p) - 1:-1]
+            score = rm(seq)[0, -1].item() - (penalty if EOS not in r else 0.0)
+        rewards = -beta * (lp - lp_ref)
+        rewards[-1] += score
+        V = lambda t: values[t].item() if t < n else 0.0
+        adv = [sum((gamma * lam) ** (k - t) * (rewards[k].item() + gamma * V(k + 1) - V(k)) for k in range(t, n))
+               for t in range(n)]
+        rows.append(dict(n=n, old=lp, values=values, rewards=rewards, score=score, adv=torch.tensor(adv),
+                         returns=torch.tensor(adv) + values))
+    allv = torch.cat([r["adv"] for r in rows])
+    for r in rows:
+        r["whitened"] = (r["adv"] - allv.mean()) / allv.var(unbiased=False).add(1e-8).sqrt()
+    return rows
+
+
+@pytest.mark.parametrize("gamma, lam, T", [(0.9, 0.8, 0.7), (1.0, 0.95, 1.0)])
+def test_make_experience_equals_a_slow_per_row_computation(gamma, lam, T):
+    actor, ref, critic, rm, prompts, q, qm, resp = tiny()
+    beta, penalty = 0.3, 0.7
+    cfg = ppo.PPOConfig(gamma=gamma, lam=lam, missing_eos_penalty=penalty)
+    batch, info = ppo.make_experience(actor, critic, ref, ref, rm, q, qm, resp, EOS, beta, KLConfig(), cfg, T)
+    slow = slow_experience(actor, ref, critic, rm, prompts, resp, beta, gamma, lam, penalty, T)
+    close = lambda a, b: torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    assert [int(m.sum()) for m in batch["mask"]] == [r["n"] for r in slow] == [5, 10, *[r["n"] for r in slow[2:]]]
+    for b, r in enumerate(slow):
+        n = r["n"]
+        close(batch["old_logprobs"][b, :n], r["old"])                 # the actor's, at the right positions
+        close(batch["values"][b, :n], r["values"])                    # V(s_t) before each token, not after
+        close(info["rewards"][b, :n], r["rewards"])                   # -β·k1 per token, the score at the last
+        close(info["scores"][b], torch.tensor(r["score"]))            # read at the last real token, eos penalty
+        close(batch["advantages"][b, :n], r["whitened"])              # GAE(γ, λ), then whitened
+        close(batch["returns"][b, :n], r["returns"])
+        assert (info["rewards"][b, n:] == 0).all() and not batch["mask"][b, n:].any()
+    assert info["truncated"].tolist() == [False, True] + [EOS not in r for r in resp[2:].tolist()]
+    assert (info["kl_exact"] > 0).all()                               # this actor is not the reference
+
+
+def test_rolling_reference_penalises_the_kl_to_its_own_reference():
+    """pen_ref (the previous policy) is what the penalty and kl_pen use; kl_exact stays the KL to the frozen one."""
+    actor, ref, critic, rm, prompts, q, qm, resp = tiny()
+    cfg, k = ppo.PPOConfig(), KLConfig(kl_estimator="full")
+    _, info = ppo.make_experience(actor, critic, ref, Reference(actor), rm, q, qm, resp, EOS, 0.3, k, cfg, 1.0)
+    assert info["kl_pen"].abs().max() < 1e-6 and (info["kl_exact"] > 0).all()
+    assert info["kl"].abs().max() < 1e-6                               # actor == pen_ref: nothing to pay
+    _, frozen = ppo.make_experience(actor, critic, ref, ref, rm, q, qm, resp, EOS, 0.3, k, cfg, 1.0)
+    torch.testing.assert_close(frozen["kl_pen"], frozen["kl_exact"])
+    assert (frozen["kl"].sum(1) > 0).all()
+
+
+def update(actor, critic, batch, cfg, beta=0.0, kl_cfg=None, seed=3, lr=1e-2):
+    a, c = copy.deepcopy(actor), copy.deepcopy(critic)
+    opts = tuple(torch.optim.AdamW(m.parameters(), lr=lr, weight_decay=0.0) for m in (a, c))
+    torch.manual_seed(seed)
+    stats = ppo.ppo_update(a, c, opts, (StepGuard("a"), StepGuard("c")), batch, cfg, 0.7, beta, kl_cfg)
+    return a, c, stats
+
+
+def test_update_starts_at_ratio_one_and_the_critic_cannot_slow_the_actor():
+    actor, ref, critic, rm, prompts, q, qm, resp = tiny()
+    cfg = ppo.PPOConfig(ppo_epochs=2, minibatch_size=2)
+    batch, _ = ppo.make_experience(actor, critic, ref, ref, rm, q, qm, resp, EOS, 0.3, KLConfig(), cfg, 0.7)
+    a1, c1, s1 = update(actor, critic, batch, cfg)
+    assert s1["ratio_dev_first"] < 1e-5                                 # old log-probs are the rollout policy's
+    assert any(not torch.equal(x, y) for x, y in zip(a1.parameters(), actor.parameters()))
+    far = dict(batch, returns=batch["returns"] * 1000 + 500)           # a huge value loss
+    a2, c2, s2 = update(actor, critic, far, cfg)
+    for x, y in zip(a1.parameters(), a2.parameters()):                  # separate clips: the actor's step is the same
+        assert torch.equal(x, y)
+    assert any(not torch.equal(x, y) for x, y in zip(c1.parameters(), c2.parameters()))
+
+
+@pytest.mark.parametrize("estimator", ["k2", "k3", "full"])
+def test_kl_as_a_loss_pulls_the_actor_to_the_reference(estimator):
+    """Advantages 0: only the KL term moves the actor, and it lowers the estimator on the batch's tokens (for
+    `full`, the exact KL); β = 0 leaves the actor where it is."""
+    actor, ref, critic, rm, prompts, q, qm, resp = tiny()
+    cfg, k = ppo.PPOConfig(ppo_epochs=3, minibatch_size=4), KLConfig(kl_in="loss", kl_estimator=estimator)
+    batch, info = ppo.make_experience(actor, critic, ref, ref, rm, q, qm, resp, EOS, 0.3, k, cfg, 0.7)
+    assert (info["non_score"] == 0).all()                              # nothing was put in the rewards
+    batch = dict(batch, advantages=torch.zeros_like(batch["advantages"]))
+    moved, _, s = update(actor, critic, batch, cfg, beta=1.0, kl_cfg=k, lr=1e-3)
+    still, _, _ = update(actor, critic, batch, cfg, beta=0.0, kl_cfg=k)
+    assert all(torch.equal(x, y) for x, y in zip(still.parameters(), actor.parameters()))
+    kl_after = lambda m: ppo.make_experience(m, critic, ref, ref, rm, q, qm, resp, EOS, 0.3, k, cfg, 0.7)[1]["kl"]
+    assert kl_after(moved).sum() < 0.9 * info["kl"].sum()
+    assert s["kl_loss"] > 0
+
+
+def test_kl_loss_is_summed_over_the_response():
+    """The loss form's units are the reward form's: Σ_t kl_t per sequence, averaged over sequences."""
+    actor, ref, critic, rm, prompts, q, qm, resp = tiny()
+    cfg, k = ppo.PPOConfig(ppo_epochs=1, minibatch_size=4), KLConfig(kl_in="loss", kl_estimator="full")
+    batch, info = ppo.make_experience(actor, critic, ref, ref, rm, q, qm, resp, EOS, 0.3, k, cfg, 0.7)
+    _, _, s = update(actor, critic, batch, cfg, beta=0.0, kl_cfg=k)     # one minibatch = the whole batch
+    assert s["kl_loss"] == pytest.approx(info["kl_exact"].mean().item(), rel=1e-5)
 
 
 def test_tokens_after_end_of_text_change_nothing():
-    actor, critic, q, qm, resp = tiny()
-    b1 = make_batch(actor, critic, q, qm, resp)
-    b2 = {k: v.clone() for k, v in b1.items()}
+    actor, ref, critic, rm, prompts, q, qm, resp = tiny()
+    cfg, k = ppo.PPOConfig(ppo_epochs=2, minibatch_size=2), KLConfig(kl_in="loss", kl_estimator="full")
+    b1, _ = ppo.make_experience(actor, critic, ref, ref, rm, q, qm, resp, EOS, 0.3, k, cfg, 0.7)
+    b2 = {key: v.clone() for key, v in b1.items()}
     after = ~b1["mask"]
     assert after.any()
     g = torch.Generator().manual_seed(9)
     b2["response"][after] = torch.randint(0, 50, (int(after.sum()),), generator=g)
-    for k in ("old_logprobs", "values", "advantages", "returns"):
-        b2[k][after] = torch.randn(int(after.sum()), generator=g) * 100
-    cfg = ppo.PPOConfig(ppo_epochs=2, minibatch_size=2)
-    results = []
-    for batch in (b1, b2):
-        a, c = copy.deepcopy(actor), copy.deepcopy(critic)
-        opt = torch.optim.AdamW([{"params": a.parameters(), "lr": 1e-2}, {"params": c.parameters(), "lr": 1e-2}])
-        torch.manual_seed(3)
-        stats = ppo.ppo_update(a, c, opt, batch, cfg, 1.0, kl_coef=0.5, kl_in="loss")
-        results.append((stats, [p.detach().clone() for p in list(a.parameters()) + list(c.parameters())]))
-    (s1, p1), (s2, p2) = results
-    for k in s1:
-        assert abs(s1[k] - s2[k]) < 1e-5, k
-    for x, y in zip(p1, p2):
+    for key in ("old_logprobs", "values", "advantages", "returns", "ref_logprobs"):
+        b2[key][after] = torch.randn(int(after.sum()), generator=g) * 100
+    b2["ref_logits"][after] = torch.randn(int(after.sum()), 50, generator=g) * 100
+    (a1, c1, s1), (a2, c2, s2) = update(actor, critic, b1, cfg, 0.5, k), update(actor, critic, b2, cfg, 0.5, k)
+    for key in s1:
+        assert abs(s1[key] - s2[key]) < 1e-5, key
+    for x, y in zip(list(a1.parameters()) + list(c1.parameters()), list(a2.parameters()) + list(c2.parameters())):
         torch.testing.assert_close(x, y, atol=1e-6, rtol=1e-5)
-    assert any(not torch.equal(x, y) for x, y in zip(p1, list(actor.parameters()) + list(critic.parameters())))
+
+
+def test_a_non_finite_loss_skips_the_step_and_several_stop_the_run():
+    model = torch.nn.Linear(2, 1)
+    opt, guard = torch.optim.SGD(model.parameters(), lr=0.1), StepGuard("test")
+    before = [p.clone() for p in model.parameters()]
+    assert not guard.step(model(torch.tensor([[float("nan"), 1.0]])).sum(), opt, list(model.parameters()), 1.0)
+    assert guard.skipped == 1 and all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert guard.step(model(torch.ones(1, 2)).sum(), opt, list(model.parameters()), 1.0)
+    from config import RunError
+    with pytest.raises(RunError, match="diverged"):
+        for _ in range(10):
+            guard.step(torch.tensor(float("inf"), requires_grad=True), opt, list(model.parameters()), 1.0)

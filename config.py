@@ -1,0 +1,175 @@
+"""Flags: every config field is a `--name=value` flag, checked before any stage starts.
+
+    python train.py --help           # every field with its default, its rule and what it does
+    python train.py --preset=smoke   # a preset sets many fields at once; flags given after it still win
+
+Each config dataclass lives beside the code it configures (GPTConfig in model.py, RewardConfig in reward.py,
+KLConfig in kl.py, PPOConfig in ppo.py); the run, world and pretraining ones live here. A field is declared with
+`arg(default, rule, help, choices)`, so its range sits next to it. Bad input is one line on stderr and exit code 2,
+before anything is written (`die`); failures found later are `RunError`s, printed the same way by train.py.
+Left out: config files, environment variables, nested or list-valued flags.
+"""
+import dataclasses, math, sys
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+RULES = {">0": lambda v: v > 0, ">=0": lambda v: v >= 0, "[0,1]": lambda v: 0 <= v <= 1,
+         "[0,1)": lambda v: 0 <= v < 1, "(0,1)": lambda v: 0 < v < 1}
+
+
+def arg(default, rule=None, help="", choices=None):
+    """A config field with its rule (a key of RULES), one line of help and, for strings, its choices."""
+    return dataclasses.field(default=default, metadata=dict(rule=rule, help=help, choices=choices))
+
+
+class RunError(Exception):
+    """A failure the user can act on. train.py and ablate.py print its one line and exit with `code`
+    (2: bad input or stale state, nothing was changed; 1: the run itself failed, e.g. diverged)."""
+
+    def __init__(self, msg, code=2):
+        super().__init__(msg)
+        self.code = code
+
+
+def die(msg, code=2):
+    print(f"error: {msg}", file=sys.stderr)
+    sys.exit(code)
+
+
+@dataclass
+class RunConfig:
+    out_dir: str = arg("out", help="folder for every stage's outputs")
+    stage: str = arg("all", help="all, or one stage: world pretrain reference preferences reward ppo report sample")
+    fresh: bool = arg(False, help="delete every output in out_dir and redo every stage")
+    preset: str = arg("default", help="default, smoke (seconds; the tests use it)", choices=["default", "smoke"])
+    seed: int = arg(1337)
+    device: str = arg("auto", help="auto (cuda when available), cpu or cuda", choices=["auto", "cpu", "cuda"])
+    threads: int = arg(0, ">=0", "torch CPU threads; 0 = torch's default")
+    temperature: float = arg(1.0, ">0", "one temperature everywhere: sampling, old, reference, training log-probs")
+    response_length: int = arg(64, ">0", "most response tokens sampled; prompt + response must fit block_size")
+    prompt: str = arg("", help=r"sample stage: your own prompt, e.g. 'review: the nova pro phone\n'")
+
+
+@dataclass
+class WorldConfig:
+    n_reviews: int = arg(40000, ">0", "generated reviews, about 4.8 MB of text at 40,000")
+    vocab_size: int = arg(1024, ">0", "BPE vocabulary, end-of-text included")
+    tokenizer: str = arg("bpe", help="bpe (ours, trained on the world) or gpt2 (tiktoken's, if cached locally)",
+                         choices=["bpe", "gpt2"])
+
+
+@dataclass
+class PretrainConfig:
+    max_iters: int = arg(900, ">0")
+    batch_size: int = arg(32, ">0")
+    lr: float = arg(4e-3, ">0", "peak learning rate (warmup, then cosine to min_lr)")
+    min_lr: float = arg(4e-4, ">=0")
+    warmup_iters: int = arg(50, ">=0")
+    weight_decay: float = arg(0.1, ">=0")
+    grad_clip: float = arg(1.0, ">0")
+    eval_interval: int = arg(100, ">0", "iterations between validation losses and resumable checkpoints")
+    eval_iters: int = arg(10, ">0", "validation batches per estimate")
+    n_samples: int = arg(200, ">0", "samples for the well-formed rate and gold score")
+
+
+PRESETS = {"default": {},
+           "smoke": dict(n_reviews=3000, vocab_size=300, n_layer=2, n_embd=64, n_head=2, block_size=96,
+                         max_iters=150, batch_size=32, warmup_iters=10, eval_interval=50, eval_iters=2, n_samples=16,
+                         response_length=40, n_pairs=600, rm_epochs=2, rm_val_frac=0.25, ppo_iters=3,
+                         rollout_batch=16, minibatch_size=8, ppo_epochs=2, n_eval=16, kl_horizon=100,
+                         save_interval=1)}
+SKIP = {("GPTConfig", "vocab_size")}        # the model's vocabulary comes from the tokenizer, not a flag
+
+
+def fields(groups):
+    """(group name, field) for every flag; groups is {name: dataclass}."""
+    return [(g, f) for g, c in groups.items() for f in dataclasses.fields(c) if (c.__name__, f.name) not in SKIP]
+
+
+def _convert(f, text):
+    if f.type in (bool, "bool"):
+        if text.lower() in ("1", "true", "yes", ""):
+            return True
+        if text.lower() in ("0", "false", "no"):
+            return False
+        raise ValueError
+    value = {"int": int, "float": float, "str": str}.get(f.type, f.type)(text)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError                                      # nan and inf parse as floats; no field wants them
+    return value
+
+
+def print_help(doc, groups):
+    print(doc)
+    for g, c in groups.items():
+        print(f"{c.__name__}:")
+        for _, f in fields({g: c}):
+            m = f.metadata
+            rule = f" ({m['rule']})" if m.get("rule") else f" ({'|'.join(m['choices'])})" if m.get("choices") else ""
+            print(f"  --{f.name}={f.default}{rule}  {m.get('help', '')}".rstrip())
+
+
+def parse_args(argv, groups, doc=""):
+    """--name=value flags -> SimpleNamespace(run=RunConfig(...), ...). Bad input: one line, exit 2."""
+    by_name = {}
+    for g, f in fields(groups):
+        assert f.name not in by_name, f"two config fields named {f.name}"
+        by_name[f.name] = f
+    if "--help" in argv or "-h" in argv:
+        print_help(doc, groups)
+        sys.exit(0)
+    values = {}
+    for a in argv:
+        name, _, text = a[2:].partition("=")
+        if not a.startswith("--") or name not in by_name:
+            die(f"unknown flag {a!r} (--help lists them)")
+        try:
+            values[name] = _convert(by_name[name], text)
+        except ValueError:
+            die(f"bad value for --{name}: {text!r} is not a finite {getattr(by_name[name].type, '__name__', by_name[name].type)}")
+    preset = values.get("preset", "default")
+    if preset not in PRESETS:
+        die(f"bad value for --preset: {preset!r} (choose {', '.join(PRESETS)})")
+    values = {**PRESETS[preset], **values}                    # flags win over the preset
+    if "prompt" in values:
+        values["prompt"] = values["prompt"].replace("\\n", "\n")   # a shell passes \n as two characters
+    cfg = SimpleNamespace(**{g: c(**{f.name: values[f.name] for _, f in fields({g: c}) if f.name in values})
+                             for g, c in groups.items()})
+    for g, f in fields(groups):
+        v, m = getattr(getattr(cfg, g), f.name), f.metadata
+        if m.get("choices") and v not in m["choices"]:
+            die(f"bad value for --{f.name}: {v!r} (choose {', '.join(m['choices'])})")
+        if m.get("rule") and not RULES[m["rule"]](v):
+            die(f"bad value for --{f.name}: {v} (must be {m['rule']})")
+    return cfg
+
+
+def flat(cfg):
+    """{field name: value} over every group."""
+    return {k: v for group in vars(cfg).values() for k, v in dataclasses.asdict(group).items()}
+
+
+def check(cfg):
+    """Combinations of values that parse but cannot work: one line, exit 2, before anything is written.
+    (Prompt lengths and corpus size need the tokenizer: train.py checks them once the world exists.)"""
+    import torch
+    run, w, g, r, p = cfg.run, cfg.world, cfg.gpt, cfg.reward, cfg.ppo
+    if w.tokenizer == "bpe" and w.vocab_size < 257:
+        die(f"bad value for --vocab_size: {w.vocab_size} (a byte-level BPE needs 256 bytes + end-of-text: >= 257)")
+    if g.n_embd % g.n_head:
+        die(f"--n_embd={g.n_embd} is not divisible by --n_head={g.n_head}")
+    if r.rm_layers > g.n_layer:
+        die(f"--rm_layers={r.rm_layers} is more than the model's --n_layer={g.n_layer}")
+    if w.n_reviews < 100:
+        die(f"bad value for --n_reviews: {w.n_reviews} (must be >= 100: 5 % are the validation split)")
+    n_val = int(r.n_pairs * r.rm_val_frac)
+    if n_val < 1 or r.n_pairs - n_val < r.rm_batch_size:
+        die(f"--n_pairs={r.n_pairs} with --rm_val_frac={r.rm_val_frac} gives {n_val} held-out and "
+            f"{r.n_pairs - n_val} training pairs: need >= 1 held-out and >= --rm_batch_size={r.rm_batch_size}")
+    if p.minibatch_size > p.rollout_batch:
+        die(f"--minibatch_size={p.minibatch_size} is larger than --rollout_batch={p.rollout_batch}")
+    if run.response_length + 2 > g.block_size:
+        die(f"--response_length={run.response_length} leaves no room for a prompt in --block_size={g.block_size}")
+    if run.device == "cuda" and not torch.cuda.is_available():
+        die("--device=cuda but torch sees no CUDA device here (use --device=cpu or auto)")
+    run.device = run.device if run.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"

@@ -1,0 +1,110 @@
+"""Evaluation: what a policy writes for held-out prompts, what it earns, what it costs; the report and the plot.
+
+    python train.py --stage=report      # pretrained model vs RLHF actor, side by side -> out/report.md, report.json
+train.py (pretrain, ppo and report stages) and ablate.py all score through `evaluate_policy`, so every row of
+every table is measured the same way: same prompts, same sampling seed, same metrics.
+Left out: confidence intervals, per-token views.
+"""
+import math
+import numpy as np
+import torch
+
+import data, store
+from kl import kl_full
+from model import encode_prompts, join_tokens, response_logits, response_mask, token_logprobs
+from reward import score as reward_score
+
+REPORT_COLUMNS = ["gold_mean", "gold_std", "proxy_mean", "kl", "wellformed_rate", "distinct_2", "repetition_rate",
+                  "ref_ppl", "eos_rate", "response_length"]
+
+
+def decode_responses(enc, response):
+    """Texts of the responses (B, R) up to and including end-of-text (which decodes as data.EOT)."""
+    m = response_mask(response, enc.eot_token)
+    return [enc.decode(r[mk].tolist()) for r, mk in zip(response.cpu(), m.cpu())]
+
+
+@torch.no_grad()
+def sample_texts(model, enc, prompts, run, batch=100):
+    """Responses (text) to a list of prompts; the randomness is torch's global generator."""
+    model.eval()
+    out = []
+    for i in range(0, len(prompts), batch):
+        q, qm = (x.to(run.device) for x in encode_prompts(enc, prompts[i:i + batch]))
+        resp, _ = model.generate(q, run.response_length, run.temperature, eos=enc.eot_token, mask=qm)
+        out += decode_responses(enc, resp)
+    return out
+
+
+def judge_texts(prompts, texts):
+    """Gold verdicts: well-formed rate, gold mean and std."""
+    verdicts = [data.judge(p, r) for p, r in zip(prompts, texts)]
+    gold = np.array([v["score"] for v in verdicts])
+    return dict(wellformed_rate=float(np.mean([v["wellformed"] for v in verdicts])), gold_mean=float(gold.mean()),
+                gold_std=float(gold.std())), verdicts
+
+
+@torch.no_grad()
+def evaluate_policy(model, enc, prompts, run, ref, rm, n, batch=100):
+    """n samples on the given prompts (cycled) and what they cost and earn: gold and proxy score, exact KL to the
+    reference (nats per sequence), fluency (well-formed, perplexity under the reference), diversity (distinct-n,
+    repetition), end-of-text rate. Returns (metrics, [(prompt, text, gold, proxy)])."""
+    model.eval()
+    prompts = [prompts[i % len(prompts)] for i in range(n)]
+    kl, nll, ntok, proxy, texts, eos = [], 0.0, 0, [], [], []
+    for i in range(0, n, batch):
+        q, qm = (x.to(run.device) for x in encode_prompts(enc, prompts[i:i + batch]))       # (b, Tp)
+        resp, _ = model.generate(q, run.response_length, run.temperature, eos=enc.eot_token, mask=qm)  # (b, R)
+        m = response_mask(resp, enc.eot_token)                                                # (b, R)
+        logits = response_logits(model, q, qm, resp, run.temperature)                        # (b, R, V)
+        ref_logits = ref.logits(q, qm, resp, run.temperature)                                 # (b, R, V)
+        kl += (kl_full(logits, ref_logits) * m).sum(1).tolist()                              # per sequence
+        nll, ntok = nll - (token_logprobs(ref_logits, resp) * m).sum().item(), ntok + m.sum().item()
+        proxy += reward_score(rm, join_tokens(q, qm, resp, m), enc.eot_token).tolist()
+        texts += decode_responses(enc, resp)
+        eos += (resp == enc.eot_token).any(1).tolist()
+    stats, verdicts = judge_texts(prompts, texts)
+    bodies = [t.split(data.EOT)[0] for t in texts]
+    return dict(**stats, proxy_mean=float(np.mean(proxy)), kl=float(np.mean(kl)),
+                distinct_1=data.distinct_n(bodies, 1), distinct_2=data.distinct_n(bodies, 2),
+                repetition_rate=float(np.mean([v["repetition"] for v in verdicts])), ref_ppl=math.exp(nll / ntok),
+                eos_rate=float(np.mean(eos)), response_length=ntok / n), \
+        [(p, t, v["score"], s) for p, t, v, s in zip(prompts, texts, verdicts, proxy)]
+
+
+def write_report(path_md, res, samples, n_eval, temperature, timings):
+    """report.md: the two policies side by side, a few examples, the seconds per stage."""
+    lines = [f"# tether report ({n_eval} samples on held-out prompts, temperature {temperature})", "",
+             "| metric | pretrained | rlhf |", "|---|---|---|"]
+    lines += [f"| {k} | {res['pretrained'][k]:.3f} | {res['rlhf'][k]:.3f} |" for k in REPORT_COLUMNS]
+    lines += ["", "Examples (gold, proxy):", ""]
+    for i in range(min(4, n_eval)):
+        for name in ("pretrained", "rlhf"):
+            p, t, g, s = samples[name][i]
+            lines.append(f"- {name:10s} [{g:+.2f}, {s:+.2f}] {p.strip()} | {t.replace(chr(10), ' / ')}")
+    lines += ["", "Seconds per stage: " + ", ".join(f"{k} {v}" for k, v in timings.items())]
+    text = "\n".join(lines) + "\n"
+    store.write_text(path_md, text)
+    return text
+
+
+def plot_metrics(rows, png):
+    """Proxy and gold score, and KL to the reference, per PPO iteration (skipped without matplotlib)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    it = [r["iter"] for r in rows]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.5))
+    a.plot(it, [r["objective/scores"] for r in rows], label="proxy (reward model)")
+    a.plot(it, [r["objective/gold"] for r in rows], label="gold (simulated human)")
+    a.set_xlabel("PPO iteration"); a.set_ylabel("score"); a.legend()
+    b.plot(it, [r["objective/kl"] for r in rows], color="C3")
+    b.set_xlabel("PPO iteration"); b.set_ylabel("KL(actor ‖ reference), nats/sequence")
+    fig.tight_layout()
+    tmp = png + ".tmp.png"
+    fig.savefig(tmp, dpi=100); plt.close(fig)
+    import os
+    os.replace(tmp, png)

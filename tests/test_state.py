@@ -1,0 +1,172 @@
+"""State that cannot go stale or be lost: stage records, the lock, atomic writes, kill and resume, bad input.
+Each probe works on a copy of the smoke run (the `run` fixture), through train.main as `python train.py` runs it."""
+import os, shutil, signal, subprocess, sys, time
+import pytest
+import torch
+import store, train
+from config import RunError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SMOKE = ["--preset=smoke"]
+
+
+def copy_run(run, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(run, out)
+    return str(out)
+
+
+def hashes(out):
+    """Every file under out (the lock file aside) -> its hash."""
+    return {os.path.join(d, f): store.file_hash(os.path.join(d, f)) for d, _, fs in os.walk(out) for f in fs
+            if f != ".lock"}
+
+
+def refused(argv, capsys, code=2):
+    """train.main must stop with `code` and one line on stderr; returns that line."""
+    with pytest.raises(SystemExit) as e:
+        train.main(argv)
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == code and len(err.splitlines()) == 1, err
+    return err
+
+
+def numbers(out):
+    """Every number a run reports, without the clock."""
+    strip = lambda d: {k: v for k, v in d.items() if k not in ("seconds", "tokens_per_second", "log")}
+    rows = [{k: v for k, v in r.items() if not k.startswith("time/")} for r in store.load_json(
+        os.path.join(out, "metrics.jsonl"), lines=True)]
+    report = store.load_json(os.path.join(out, "report.json"))
+    return dict(pretrain=strip(store.load_json(os.path.join(out, "pretrain.json"))), metrics=rows,
+                reward=store.load_json(os.path.join(out, "reward.json")), report={k: report[k] for k in ("pretrained", "rlhf")},
+                ppo=store.load_json(os.path.join(out, "ppo.json"))["final"])
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--nope=1"], "unknown flag"), (["max_iters=3"], "unknown flag"), (["--max_iters=abc"], "bad value"),
+    (["--fresh=maybe"], "bad value"), (["--stage=bogus"], "bad value for --stage"), (["--preset=huge"], "bad value"),
+    (["--kl_estimator=k9"], "bad value"), (["--device=tpu"], "bad value"), (["--lr=nan"], "finite"),
+    (["--lr=inf"], "finite"), (["--lr=0"], "must be >0"), (["--gamma=1.5"], "[0,1]"), (["--n_pairs=1"], "--n_pairs=1"),
+    (["--n_reviews=20"], "--n_reviews"), (["--minibatch_size=100"], "--minibatch_size=100"),
+    (["--response_length=100"], "--block_size=96"), (["--n_head=3"], "not divisible")])
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(args, message, tmp_path, capsys):
+    assert message in refused(SMOKE + [f"--out_dir={tmp_path}"] + args, capsys)
+    assert not os.listdir(tmp_path)
+
+
+def test_bad_flag_from_the_command_line():
+    p = subprocess.run([sys.executable, "train.py", "--ppo_iters=-1"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "--ppo_iters" in p.stderr
+
+
+def test_help_lists_every_flag_with_its_rule():
+    p = subprocess.run([sys.executable, "train.py", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0
+    for name in ["--max_iters=900 (>0)", "--kl_ctl=adaptive (fixed|adaptive|band|linear)", "--n_pairs=", "--gamma=1.0",
+                 "--out_dir=", "--missing_eos_penalty=", "--save_interval="]:
+        assert name in p.stdout, name
+
+
+def test_out_dir_that_cannot_be_a_folder(tmp_path, capsys):
+    (tmp_path / "f").write_text("x")
+    assert "is a file" in refused(SMOKE + [f"--out_dir={tmp_path / 'f'}"], capsys)
+    assert "cannot be made" in refused(SMOKE + [f"--out_dir={tmp_path / 'f' / 'sub'}"], capsys)
+
+
+def test_a_long_prompt_is_refused_before_sampling(run, tmp_path, capsys):
+    out = copy_run(run, tmp_path)
+    err = refused(SMOKE + [f"--out_dir={out}", "--stage=sample", "--prompt=review: " + "very " * 80], capsys)
+    assert "--response_length=40" in err and "--block_size=96" in err
+
+
+@pytest.mark.parametrize("flag, stage", [("--n_layer=1", "pretrain"), ("--n_pairs=700", "preferences"),
+                                         ("--vocab_size=400", "world"), ("--kl_ctl=fixed", "ppo")])
+def test_a_changed_flag_is_refused_not_silently_reused(run, tmp_path, capsys, flag, stage):
+    out = copy_run(run, tmp_path)
+    before = hashes(out)
+    err = refused(SMOKE + [f"--out_dir={out}", flag], capsys)
+    name, _, new = flag[2:].partition("=")
+    assert f"stage {stage}" in err and f"now --{name}={new}" in err and "--fresh" in err
+    assert hashes(out) == before                                                # nothing written, nothing lost
+
+
+def test_redoing_a_stage_removes_what_was_made_from_it(run, tmp_path, capsys):
+    out = copy_run(run, tmp_path)
+    train.main(SMOKE + [f"--out_dir={out}", "--stage=reference"])
+    assert os.path.exists(os.path.join(out, "ref.pt")) and not os.path.exists(os.path.join(out, "prefs.jsonl"))
+    assert not os.path.exists(os.path.join(out, "actor.pt")) and not os.path.exists(os.path.join(out, "report.json"))
+    assert "needs stage preferences" in refused(SMOKE + [f"--out_dir={out}", "--stage=ppo"], capsys)
+
+
+def test_a_damaged_output_is_redone_with_the_same_numbers(run, tmp_path):
+    out = copy_run(run, tmp_path)
+    with open(os.path.join(out, "prefs.jsonl")) as f:
+        lines = f.readlines()
+    with open(os.path.join(out, "prefs.jsonl"), "w") as f:                       # cut at a line boundary
+        f.writelines(lines[:len(lines) // 2])
+    train.main(SMOKE + [f"--out_dir={out}"])
+    assert numbers(out) == numbers(run)
+
+
+def test_a_second_run_on_the_same_folder_is_refused(run, tmp_path, capsys):
+    out = copy_run(run, tmp_path)
+    with store.Lock(out):
+        assert "another run" in refused(SMOKE + [f"--out_dir={out}"], capsys)
+
+
+def test_a_stale_reference_stops_ppo_at_the_first_rollout(run, tmp_path):
+    out = copy_run(run, tmp_path)
+    shutil.copy(os.path.join(out, "actor.pt"), os.path.join(out, "ref.pt"))    # not the pretrained model
+    cfg = train.parse(SMOKE + [f"--out_dir={out}"])
+    with pytest.raises(RunError, match="first rollout"):
+        train.run_ppo(cfg, out, str(tmp_path / "ppo"), train.stamp(cfg, train.BY_NAME["ppo"]))
+
+
+def test_loads_that_fail_name_the_file(tmp_path):
+    bad = tmp_path / "ref.pt"
+    bad.write_bytes(b"not a checkpoint")
+    with pytest.raises(RunError, match="ref.pt"):
+        store.load_torch(str(bad))
+    (tmp_path / "x.json").write_text('{"a": ')
+    with pytest.raises(RunError, match="x.json"):
+        store.load_json(str(tmp_path / "x.json"))
+
+
+def test_no_nan_reaches_a_checkpoint(tmp_path):
+    with pytest.raises(RunError, match="non-finite"):
+        store.save_torch({"model": {"w": torch.tensor([1.0, float("nan")])}}, str(tmp_path / "m.pt"))
+    assert not os.listdir(tmp_path)
+
+
+def test_a_diverging_run_stops_with_one_line(run, tmp_path, capsys):
+    out = copy_run(run, tmp_path)
+    assert "diverged" in refused(SMOKE + [f"--out_dir={out}", "--stage=ppo", "--ppo_lr=10"], capsys, code=1)
+    state = os.path.join(out, "ppo_state.pt")
+    assert not os.path.exists(state) or store._all_finite(torch.load(state, weights_only=True))
+
+
+def _run_until(argv, marker, sig):
+    """Start `python train.py argv`, send `sig` once a stdout line starts with `marker`; returns (rc, stderr)."""
+    p = subprocess.Popen([sys.executable, "train.py", *argv], cwd=ROOT, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))   # as from a terminal
+    for line in p.stdout:
+        if line.startswith(marker):
+            p.send_signal(sig)
+            break
+    p.stdout.read()
+    return p.wait(timeout=120), p.stderr.read()
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+def test_killed_twice_and_rerun_ends_as_if_never_interrupted(run, tmp_path):
+    """Ctrl-C in pretraining, kill -9 in PPO, then the same command: the numbers of an uninterrupted run."""
+    argv = SMOKE + [f"--out_dir={tmp_path}", f"--threads={torch.get_num_threads()}"]
+    rc, err = _run_until(argv, "iter 100/150", signal.SIGINT)
+    assert rc == 130 and err.startswith("error: interrupted") and err.count("\n") == 1
+    rc, _ = _run_until(argv, "iter 2/3", signal.SIGKILL)
+    assert rc == -signal.SIGKILL and os.path.exists(tmp_path / "ppo_state.pt")
+    p = subprocess.run([sys.executable, "train.py", *argv], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and "ppo: resuming" in p.stdout and "stage pretrain: done" in p.stdout
+    assert numbers(str(tmp_path)) == numbers(run)
