@@ -36,7 +36,7 @@ CONDITIONS = {
     "est_k1": [],
     "est_k3": ["--kl_estimator=k3"],
     "est_full_reward": ["--kl_estimator=full"],
-    "est_full_loss": ["--kl_in=loss"],
+    "est_full_loss": ["--kl_in=loss", "--kl_estimator=full"],
 }
 SAME_AS = {"est_k1": "adaptive"}
 COLUMNS = ["proxy_mean", "gold_mean", "kl", "ref_ppl", "distinct_1", "distinct_2", "repetition_rate",

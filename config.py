@@ -39,7 +39,8 @@ def die(msg, code=2):
 @dataclass
 class RunConfig:
     out_dir: str = arg("out", help="folder for every stage's outputs")
-    stage: str = arg("all", help="all, or one stage: world pretrain reference preferences reward ppo report sample")
+    stage: str = arg("all", help="every stage not done yet, or one stage (train.STAGES)",
+                     choices=["all", "world", "pretrain", "reference", "preferences", "reward", "ppo", "report", "sample"])
     fresh: bool = arg(False, help="delete every output in out_dir and redo every stage")
     preset: str = arg("default", help="default, smoke (seconds; the tests use it)", choices=["default", "smoke"])
     seed: int = arg(1337)
@@ -173,3 +174,17 @@ def check(cfg):
     if run.device == "cuda" and not torch.cuda.is_available():
         die("--device=cuda but torch sees no CUDA device here (use --device=cpu or auto)")
     run.device = run.device if run.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def check_world(cfg, enc, prompts, split_tokens):
+    """What needs the tokenizer, once the world exists: the longest prompt (with its leading end-of-text) plus the
+    response must fit block_size, and every split must hold a window of block_size + 1 tokens."""
+    run, block = cfg.run, cfg.gpt.block_size
+    n, p = max((len(enc.encode_ordinary(p)) + 1, p) for p in prompts)
+    if n + run.response_length > block:
+        raise RunError(f"the prompt {p!r} is {n} tokens (with its end-of-text); with --response_length="
+                       f"{run.response_length} that is {n + run.response_length} > --block_size={block}")
+    for split, tokens in split_tokens.items():
+        if tokens <= block + 1:
+            raise RunError(f"the {split} split has {tokens} tokens, too few for windows of --block_size={block} + 1:"
+                           f" raise --n_reviews (now {cfg.world.n_reviews}) and redo with --fresh")

@@ -196,18 +196,18 @@ def train_ppo(actor, critic, ref, rm, enc, prompts, cfg, run_dir, stamp, log=pri
     reward model `rm`. Writes run_dir/metrics.jsonl every iteration and run_dir/ppo_state.pt every save_interval
     iterations; a state whose `stamp` (config and input hashes) matches is resumed, so an interrupted run ends
     with the same numbers as an uninterrupted one. Returns (metrics rows, final β)."""
-    run, K, P = cfg.run, cfg.kl, cfg.ppo
+    run, kc, pc = cfg.run, cfg.kl, cfg.ppo
     eos, device = enc.eot_token, run.device
-    opts = (torch.optim.AdamW(actor.parameters(), lr=P.ppo_lr, eps=1e-5, weight_decay=0.0),
-            torch.optim.AdamW(critic.parameters(), lr=P.vf_lr, eps=1e-5, weight_decay=0.0))
+    opts = (torch.optim.AdamW(actor.parameters(), lr=pc.ppo_lr, eps=1e-5, weight_decay=0.0),
+            torch.optim.AdamW(critic.parameters(), lr=pc.vf_lr, eps=1e-5, weight_decay=0.0))
     guards = (StepGuard("PPO (actor)"), StepGuard("PPO (critic)"))
-    kl_ctl = make_kl_controller(K, P.ppo_iters * P.rollout_batch)
+    kl_ctl = make_kl_controller(kc, pc.ppo_iters * pc.rollout_batch)
     pen_ref = ref                                  # rolling: the previous iteration's policy, replaced every iteration
     prompt_gen = torch.Generator().manual_seed(run.seed)
     metrics, start = [], 0
     state_path, metrics_path = os.path.join(run_dir, "ppo_state.pt"), os.path.join(run_dir, "metrics.jsonl")
     if os.path.exists(state_path):
-        s = store.load_torch(state_path, device)
+        s = store.load_torch(state_path)                   # on the CPU: RNG states must stay there
         if s["stamp"] == stamp:                    # same config, same inputs: go on where it stopped
             actor.load_state_dict(s["actor"]); critic.load_state_dict(s["critic"])
             for o, sd in zip(opts, s["opts"]):
@@ -225,9 +225,9 @@ def train_ppo(actor, critic, ref, rm, enc, prompts, cfg, run_dir, stamp, log=pri
             log(f"ppo: {state_path} was made under another config or inputs; starting over")
     t0 = time.time() - (metrics[-1]["time/elapsed"] if metrics else 0.0)
     # ---- ppo loop ----
-    for it in range(start, P.ppo_iters):
+    for it in range(start, pc.ppo_iters):
         t_it = time.time()
-        idx = torch.randint(len(prompts), (P.rollout_batch,), generator=prompt_gen).tolist()
+        idx = torch.randint(len(prompts), (pc.rollout_batch,), generator=prompt_gen).tolist()
         batch_prompts = [prompts[i] for i in idx]
         q, qm = (x.to(device) for x in encode_prompts(enc, batch_prompts))                      # (B, Tp)
         actor.eval(); critic.eval()                                # dropout off during RL; gradients still flow
@@ -235,15 +235,15 @@ def train_ppo(actor, critic, ref, rm, enc, prompts, cfg, run_dir, stamp, log=pri
         resp, _ = actor.generate(q, run.response_length, run.temperature, eos=eos, mask=qm)    # (B, R)
         # 2. experience
         beta = kl_ctl.value
-        batch, info = make_experience(actor, critic, ref, pen_ref, rm, q, qm, resp, eos, beta, K, P, run.temperature)
+        batch, info = make_experience(actor, critic, ref, pen_ref, rm, q, qm, resp, eos, beta, kc, pc, run.temperature)
         if it == 0 and info["kl_exact"].abs().max() > 1e-6:
             raise RunError(f"the first rollout is {info['kl_exact'].max().item():.3g} nats from the reference, not 0: "
                            "the actor does not start as the reference (a stale ref.pt?); redo with --fresh")
-        snapshot = Reference(actor) if K.ref_update == "rolling" else None     # this iteration's policy, frozen
+        snapshot = Reference(actor) if kc.ref_update == "rolling" else None     # this iteration's policy, frozen
         # 3. update
-        stats = ppo_update(actor, critic, opts, guards, batch, P, run.temperature, beta, K)
+        stats = ppo_update(actor, critic, opts, guards, batch, pc, run.temperature, beta, kc)
         # 4. β, and the rolling reference moves on
-        kl_ctl.update(info["kl_pen"].mean().item(), P.rollout_batch)
+        kl_ctl.update(info["kl_pen"].mean().item(), pc.rollout_batch)
         if snapshot is not None:
             pen_ref = snapshot
         # 5. log
@@ -267,12 +267,12 @@ def train_ppo(actor, critic, ref, rm, enc, prompts, cfg, run_dir, stamp, log=pri
                "time/tokens_per_second": n_tok / dt, "time/elapsed": time.time() - t0}
         metrics.append(row)
         store.save_json(metrics_path, metrics, lines=True)
-        eta = (time.time() - t0) / (it + 1) * (P.ppo_iters - it - 1)
-        log(f"iter {it + 1}/{P.ppo_iters} | rm {row['objective/scores']:+.2f} | gold {row['objective/gold']:+.2f} | "
+        eta = (time.time() - t0) / (it + 1) * (pc.ppo_iters - it - 1)
+        log(f"iter {it + 1}/{pc.ppo_iters} | rm {row['objective/scores']:+.2f} | gold {row['objective/gold']:+.2f} | "
             f"kl {row['objective/kl']:.2f} | β {beta:.4f} | ent {stats['entropy']:.2f} | clip {stats['clipfrac']:.3f} | "
             f"approxkl {stats['approxkl']:.4f} | vf {stats['vf_loss']:.3f} | len {row['val/response_length']:.1f} | "
             f"{row['time/tokens_per_second']:.0f} tok/s | eta {int(eta // 60)}m{int(eta % 60):02d}s")
-        if (it + 1) % P.save_interval == 0 or it + 1 == P.ppo_iters:
+        if (it + 1) % pc.save_interval == 0 or it + 1 == pc.ppo_iters:
             store.save_torch(dict(stamp=stamp, iter=it + 1, actor=actor.state_dict(), critic=critic.state_dict(),
                                   opts=[o.state_dict() for o in opts], skipped=[g.skipped for g in guards],
                                   kl_ctl=asdict(kl_ctl), pen_ref=None if pen_ref is ref else pen_ref.model.state_dict(),

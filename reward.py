@@ -1,12 +1,12 @@
 """The tiny learned reward model: a pretrained GPT trunk plus a scalar head, fit to noisy human preferences.
 
-Preference data (made by train.py's `preferences` stage): for each training prompt, two responses sampled from the
-pretrained model, labelled by the world's noisy annotator (data.label_pair). The model is trained with the
+Preference data (`make_preferences`, train.py's `preferences` stage): for random training prompts, two responses
+sampled from the pretrained model, labelled by the world's noisy annotator (data.label_pair). The model is trained with the
 Bradley-Terry loss  -log σ(r_chosen - r_rejected)  on the score read at the last real token, then normalised (gain,
 bias) so that responses of the pretrained policy score mean 0, std 1. The critic (ppo.py) is a copy of this model.
 Run via `python train.py --stage=reward`. Left out: ensembles, margin losses, reward-model uncertainty.
 """
-import copy
+import copy, random
 from dataclasses import dataclass, asdict
 import numpy as np
 import torch
@@ -14,8 +14,8 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from config import arg
-from model import GPT, GPTConfig, StepGuard, pad_left, response_hidden
-import store
+from model import GPT, GPTConfig, StepGuard, encode_prompts, join_tokens, pad_left, response_hidden, response_mask
+import data, store
 
 
 @dataclass
@@ -26,6 +26,29 @@ class RewardConfig:
     rm_lr: float = arg(1e-3, ">0")
     rm_batch_size: int = arg(32, ">0")
     rm_val_frac: float = arg(0.1, "(0,1)", "held-out pairs for the accuracies")
+
+
+@torch.no_grad()
+def make_preferences(model, enc, prompts, n_pairs, run, batch=250):
+    """n_pairs rows: a random prompt, two responses of the model (text and prompt + response token ids), the
+    annotator's noisy label (0: a preferred) and both gold scores. Randomness: run.seed and torch's generator."""
+    model.eval()
+    rng = random.Random(run.seed)
+    chosen = [rng.choice(prompts) for _ in range(n_pairs)]
+    rows = []
+    for i in range(0, n_pairs, batch):
+        twice = [p for p in chosen[i:i + batch] for _ in range(2)]                   # two samples per prompt
+        q, qm = encode_prompts(enc, twice)
+        resp, _ = model.generate(q.to(run.device), run.response_length, run.temperature, eos=enc.eot_token,
+                                 mask=qm.to(run.device))
+        resp = resp.cpu()
+        m = response_mask(resp, enc.eot_token)
+        toks, texts = join_tokens(q, qm, resp, m), [enc.decode(r[k].tolist()) for r, k in zip(resp, m)]
+        for j in range(0, len(twice), 2):
+            p, a, b = twice[j], texts[j], texts[j + 1]
+            rows.append(dict(prompt=p, a=a, b=b, label=data.label_pair(p, a, b, rng), gold_a=data.gold_score(p, a),
+                             gold_b=data.gold_score(p, b), tokens_a=toks[j], tokens_b=toks[j + 1]))
+    return rows
 
 
 class ScalarModel(nn.Module):

@@ -119,7 +119,8 @@ def load_records(out_dir):
 
 
 def make_record(out_dir, config, inputs, outputs):
-    h = lambda names: {n: file_hash(os.path.join(out_dir, n)) for n in names}
+    """The record of a finished stage; an optional output that was not made (a plot) is not in it."""
+    h = lambda names: {n: file_hash(os.path.join(out_dir, n)) for n in names if os.path.exists(os.path.join(out_dir, n))}
     return dict(config=config, inputs=h(inputs), outputs=h(outputs))
 
 
@@ -129,14 +130,39 @@ def outputs_intact(out_dir, record):
                for n, h in record["outputs"].items())
 
 
-def first_difference(record, config, input_hashes):
-    """The first way the current config or inputs differ from a record, as words; None when they match."""
-    for k, v in config.items():
-        if k in record["config"] and record["config"][k] != v:
-            return f"--{k}={record['config'][k]}, now --{k}={v}"
+def first_difference(record, stamp):
+    """The first way a stamp (current config and input hashes) differs from a record, in words; None if none."""
+    for k, v in stamp["config"].items():
         if k not in record["config"]:
             return f"no --{k}, now --{k}={v}"
-    for n, h in input_hashes.items():
+        if record["config"][k] != v:
+            return f"--{k}={record['config'][k]}, now --{k}={v}"
+    for n, h in stamp["inputs"].items():
         if record["inputs"].get(n) != h:
             return f"another {n} (it has changed since)"
     return None
+
+
+def plan(stages, target, out_dir, records, stamp_of):
+    """Which stages to run, in order, for `target` ("all" or a stage name); and which finished ones are kept.
+    With "all": a stage runs when its outputs are missing or damaged, and then every later stage runs too.
+    With a name: that stage runs, and every earlier one must be finished. A finished stage that is kept must have
+    been made with the current config and inputs: else RunError, before anything is written."""
+    todo, kept = [], []
+    for st in stages:
+        rec = records.get(st.name)
+        intact = rec is not None and outputs_intact(out_dir, rec)
+        if target == st.name or (target == "all" and (todo or not intact)):
+            todo.append(st)                           # once one stage runs, every later one is made again
+            if target == st.name:
+                break
+            continue
+        if not intact:
+            raise RunError(f"stage {target} needs stage {st.name}'s outputs in {out_dir}: run --stage={st.name} "
+                           "first (or every stage: no --stage)")
+        diff = first_difference(rec, stamp_of(st))
+        if diff:
+            raise RunError(f"stage {st.name} in {out_dir} was made with {diff}: add --fresh to redo every stage, "
+                           f"--stage={st.name} to redo it and what follows, or use another --out_dir")
+        kept.append(st.name)
+    return todo, kept

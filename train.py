@@ -18,14 +18,13 @@ import numpy as np
 import torch
 
 import data, store
-from config import RunConfig, WorldConfig, PretrainConfig, RunError, check, die, fields, parse_args
+from config import RunConfig, WorldConfig, PretrainConfig, RunError, check, check_world, die, fields, parse_args
 from evaluate import evaluate_policy, judge_texts, plot_metrics, sample_texts, write_report
 from kl import KLConfig
-from model import (GPT, GPTConfig, StepGuard, encode_prompts, join_tokens, load_checkpoint, response_mask,
-                   save_checkpoint)
+from model import GPT, GPTConfig, StepGuard, load_checkpoint, save_checkpoint
 from ppo import PPOConfig, train_ppo
 from ref import Reference
-from reward import RewardConfig, load_scalar_model, save_scalar_model, train_reward_model
+from reward import RewardConfig, load_scalar_model, make_preferences, save_scalar_model, train_reward_model
 
 GROUPS = dict(run=RunConfig, world=WorldConfig, gpt=GPTConfig, pretrain=PretrainConfig, reward=RewardConfig,
               kl=KLConfig, ppo=PPOConfig)
@@ -56,7 +55,7 @@ def stage_world(cfg, stamp):
 
 # ---- stage: pretrain ----
 def stage_pretrain(cfg, stamp):
-    run, P = cfg.run, cfg.pretrain
+    run, pt = cfg.run, cfg.pretrain
     enc = data.load_tokenizer(run.out_dir, cfg.world.tokenizer)
     gcfg = dataclasses.replace(cfg.gpt, vocab_size=enc.n_vocab)
     splits = {k: np.memmap(path(cfg, f"{k}.bin"), dtype=np.uint16, mode="r") for k in ("train", "val")}
@@ -64,45 +63,45 @@ def stage_pretrain(cfg, stamp):
 
     def get_batch(split):                                   # random windows of block_size + 1 tokens
         d = splits[split]
-        ix = torch.randint(len(d) - gcfg.block_size - 1, (P.batch_size,), generator=gen).tolist()
+        ix = torch.randint(len(d) - gcfg.block_size - 1, (pt.batch_size,), generator=gen).tolist()
         xy = torch.from_numpy(np.stack([d[i:i + gcfg.block_size + 1].astype(np.int64) for i in ix]))
         return xy[:, :-1].to(run.device), xy[:, 1:].to(run.device)       # (B, T), (B, T)
 
     @torch.no_grad()
     def val_loss():
         model.eval()
-        loss = float(np.mean([model(*get_batch("val"))[1].item() for _ in range(P.eval_iters)]))
+        loss = float(np.mean([model(*get_batch("val"))[1].item() for _ in range(pt.eval_iters)]))
         model.train()
         return loss
 
     model = GPT(gcfg).to(run.device)
-    opt = torch.optim.AdamW(model.parameters(), lr=P.lr, betas=(0.9, 0.95), weight_decay=P.weight_decay)
+    opt = torch.optim.AdamW(model.parameters(), lr=pt.lr, betas=(0.9, 0.95), weight_decay=pt.weight_decay)
     guard, start, log, seconds = StepGuard("pretraining"), 0, [], 0.0
     ckpt_path = path(cfg, "pretrain_ckpt.pt")
     if os.path.exists(ckpt_path):
-        s = store.load_torch(ckpt_path, run.device)
+        s = store.load_torch(ckpt_path)                     # on the CPU: RNG states must stay there
         if s["stamp"] == stamp:                             # same config and inputs: go on where it stopped
             model.load_state_dict(s["model"]); opt.load_state_dict(s["opt"]); gen.set_state(s["gen"])
             torch.set_rng_state(s["rng"])
             start, log, seconds, guard.skipped = s["iter"], s["log"], s["seconds"], s["skipped"]
             print(f"pretrain: resuming from {ckpt_path} after iteration {start}")
-    print(f"pretrain: {model.num_params() / 1e6:.2f}M parameters, {P.max_iters} iters of "
-          f"{P.batch_size}x{gcfg.block_size} tokens")
+    print(f"pretrain: {model.num_params() / 1e6:.2f}M parameters, {pt.max_iters} iters of "
+          f"{pt.batch_size}x{gcfg.block_size} tokens")
     model.train()
     t0 = time.time() - seconds
-    for it in range(start, P.max_iters):
-        lr = P.lr * (it + 1) / P.warmup_iters if it < P.warmup_iters else P.min_lr + 0.5 * (P.lr - P.min_lr) * (
-            1 + math.cos(math.pi * (it - P.warmup_iters) / max(1, P.max_iters - P.warmup_iters)))   # warmup + cosine
+    for it in range(start, pt.max_iters):
+        lr = pt.lr * (it + 1) / pt.warmup_iters if it < pt.warmup_iters else pt.min_lr + 0.5 * (pt.lr - pt.min_lr) * (
+            1 + math.cos(math.pi * (it - pt.warmup_iters) / max(1, pt.max_iters - pt.warmup_iters)))   # warmup + cosine
         for g in opt.param_groups:
             g["lr"] = lr
         _, loss = model(*get_batch("train"))
-        guard.step(loss, opt, list(model.parameters()), P.grad_clip)
-        if (it + 1) % P.eval_interval == 0 or it + 1 == P.max_iters:
+        guard.step(loss, opt, list(model.parameters()), pt.grad_clip)
+        if (it + 1) % pt.eval_interval == 0 or it + 1 == pt.max_iters:
             log.append(dict(iter=it + 1, loss=loss.item(), val_loss=val_loss(), lr=lr))
             dt = time.time() - t0
-            print(f"iter {it + 1}/{P.max_iters} | loss {loss.item():.3f} | val {log[-1]['val_loss']:.3f} | "
-                  f"lr {lr:.1e} | {(it + 1 - start) * P.batch_size * gcfg.block_size / (dt - seconds) / 1e3:.1f}k "
-                  f"tok/s | eta {fmt_time((dt - seconds) / (it + 1 - start) * (P.max_iters - it - 1))}", flush=True)
+            print(f"iter {it + 1}/{pt.max_iters} | loss {loss.item():.3f} | val {log[-1]['val_loss']:.3f} | "
+                  f"lr {lr:.1e} | {(it + 1 - start) * pt.batch_size * gcfg.block_size / (dt - seconds) / 1e3:.1f}k "
+                  f"tok/s | eta {fmt_time((dt - seconds) / (it + 1 - start) * (pt.max_iters - it - 1))}", flush=True)
             store.save_torch(dict(stamp=stamp, iter=it + 1, model=model.state_dict(), opt=opt.state_dict(),
                                   gen=gen.get_state(), rng=torch.get_rng_state(), log=log, seconds=dt,
                                   skipped=guard.skipped), ckpt_path)
@@ -111,15 +110,15 @@ def stage_pretrain(cfg, stamp):
     save_checkpoint(model, path(cfg, "pretrain.pt"))        # saved before anything samples from it
     seed_everything(run.seed + 1)
     heldout = data.load_prompts(run.out_dir)["heldout"]
-    prompts = [heldout[i % len(heldout)] for i in range(P.n_samples)]
+    prompts = [heldout[i % len(heldout)] for i in range(pt.n_samples)]
     texts = sample_texts(model, enc, prompts, run)
     stats, _ = judge_texts(prompts, texts)
     out = dict(val_loss=log[-1]["val_loss"], **stats, seconds=seconds, skipped_updates=guard.skipped,
-               tokens_per_second=P.max_iters * P.batch_size * gcfg.block_size / seconds, log=log)
+               tokens_per_second=pt.max_iters * pt.batch_size * gcfg.block_size / seconds, log=log)
     store.save_json(path(cfg, "pretrain.json"), out)
     for p, r in list(zip(prompts, texts))[:3]:
         print(f"  [{data.gold_score(p, r):+.2f}] {p.strip()} | {r}")
-    print(f"pretrain: val loss {out['val_loss']:.3f}, well-formed {out['wellformed_rate']:.0%} of {P.n_samples}, "
+    print(f"pretrain: val loss {out['val_loss']:.3f}, well-formed {out['wellformed_rate']:.0%} of {pt.n_samples}, "
           f"gold {out['gold_mean']:+.2f} ± {out['gold_std']:.2f}, {fmt_time(seconds)}")
 
 
@@ -137,28 +136,10 @@ def stage_reference(cfg, stamp):
 
 # ---- stage: preferences ----
 def stage_preferences(cfg, stamp):
-    run, n_pairs = cfg.run, cfg.reward.n_pairs
+    run = cfg.run
     enc = data.load_tokenizer(run.out_dir, cfg.world.tokenizer)
     model, _ = load_checkpoint(path(cfg, "pretrain.pt"), run.device)
-    model.eval()
-    rng = random.Random(run.seed)
-    train_prompts = data.load_prompts(run.out_dir)["train"]
-    prompts = [rng.choice(train_prompts) for _ in range(n_pairs)]
-    rows = []
-    for i in range(0, n_pairs, 250):
-        batch = [p for p in prompts[i:i + 250] for _ in range(2)]              # two samples per prompt
-        q, qm = encode_prompts(enc, batch)
-        with torch.no_grad():
-            resp, _ = model.generate(q.to(run.device), run.response_length, run.temperature, eos=enc.eot_token,
-                                     mask=qm.to(run.device))
-        resp = resp.cpu()
-        m = response_mask(resp, enc.eot_token)
-        toks, texts = join_tokens(q, qm, resp, m), [enc.decode(r[k].tolist()) for r, k in zip(resp, m)]
-        for j in range(0, len(batch), 2):
-            p, a, b = batch[j], texts[j], texts[j + 1]
-            label = data.label_pair(p, a, b, rng)                               # 0: a preferred
-            rows.append(dict(prompt=p, a=a, b=b, label=label, gold_a=data.gold_score(p, a),
-                             gold_b=data.gold_score(p, b), tokens_a=toks[j], tokens_b=toks[j + 1]))
+    rows = make_preferences(model, enc, data.load_prompts(run.out_dir)["train"], cfg.reward.n_pairs, run)
     store.save_json(path(cfg, "prefs.jsonl"), rows, lines=True)
     decided = [r for r in rows if r["gold_a"] != r["gold_b"]]
     agree = np.mean([(r["label"] == 0) == (r["gold_a"] > r["gold_b"]) for r in decided]) if decided else float("nan")
@@ -171,10 +152,7 @@ def stage_reward(cfg, stamp):
     run = cfg.run
     enc = data.load_tokenizer(run.out_dir, cfg.world.tokenizer)
     lm, _ = load_checkpoint(path(cfg, "pretrain.pt"), run.device)
-    rows = store.load_json(path(cfg, "prefs.jsonl"), lines=True)
-    if len(rows) != cfg.reward.n_pairs:
-        raise RunError(f"{path(cfg, 'prefs.jsonl')} holds {len(rows)} pairs, not --n_pairs={cfg.reward.n_pairs}: "
-                       "redo it with --stage=preferences")
+    rows = store.load_json(path(cfg, "prefs.jsonl"), lines=True)        # stages.json vouches for its n_pairs
     pairs = [dict(chosen=r["tokens_a"], rejected=r["tokens_b"], gold_chosen=r["gold_a"], gold_rejected=r["gold_b"])
              if r["label"] == 0 else dict(chosen=r["tokens_b"], rejected=r["tokens_a"], gold_chosen=r["gold_b"],
                                           gold_rejected=r["gold_a"]) for r in rows]
@@ -266,7 +244,7 @@ STAGES = [
     Stage("preferences", stage_preferences, ["pretrain.pt"] + TOK, ["prefs.jsonl"], _SAMPLING + ["n_pairs"], None),
     Stage("reward", stage_reward, ["pretrain.pt", "prefs.jsonl"], ["reward.pt", "reward.json"],
           ["seed"] + _names(RewardConfig), None),
-    Stage("ppo", stage_ppo, ["pretrain.pt", "ref.pt", "reward.pt"] + TOK, ["actor.pt", "metrics.jsonl", "ppo.json"],
+    Stage("ppo", stage_ppo, ["pretrain.pt", "ref.pt", "reward.pt"] + TOK, ["actor.pt", "metrics.jsonl", "ppo.json", "ppo.png"],
           _SAMPLING + [n for n in _names(KLConfig, PPOConfig) if n != "save_interval"], "ppo_state.pt"),
     Stage("report", stage_report, ["pretrain.pt", "actor.pt", "ref.pt", "reward.pt"] + TOK,
           ["report.md", "report.json"], _SAMPLING + ["n_eval"], None),
@@ -287,73 +265,39 @@ def stamp(cfg, st, base=None):
     return dict(config=values, inputs={n: store.file_hash(os.path.join(base, n)) for n in files(cfg, st.inputs)})
 
 
-def check_world(cfg, corpus=True):
-    """What needs the tokenizer: the longest prompt plus the response must fit the block, the corpus the batches."""
-    run, block = cfg.run, cfg.gpt.block_size
-    enc = data.load_tokenizer(run.out_dir, cfg.world.tokenizer)
-    prompts = sum(data.load_prompts(run.out_dir).values(), []) + ([run.prompt] if run.prompt else [])
-    n, p = max((len(enc.encode_ordinary(p)) + 1, p) for p in prompts)        # + 1: the leading end-of-text
-    if n + run.response_length > block:
-        raise RunError(f"the prompt {p!r} is {n} tokens (with its end-of-text); with --response_length="
-                       f"{run.response_length} that is {n + run.response_length} > --block_size={block}")
-    for split in ("train", "val") if corpus else ():
-        tokens = os.path.getsize(path(cfg, f"{split}.bin")) // 2
-        if tokens <= block + 1:
-            raise RunError(f"the {split} split has {tokens} tokens, too few for windows of --block_size={block} + 1:"
-                           f" raise --n_reviews (now {cfg.world.n_reviews}) and redo with --fresh")
-
-
-def plan(cfg, records, upto=None):
-    """The stages to run, in order (upto: the last stage to consider). Raises RunError, before anything is written, when an output that would be
-    kept was made under another config or from other inputs, or a stage's inputs are missing."""
-    target, out, todo, kept = cfg.run.stage, cfg.run.out_dir, [], []
-    if target == "sample":
-        missing = [n for n in files(cfg, SAMPLE.inputs) if not os.path.exists(path(cfg, n))]
-        if missing:
-            raise RunError(f"stage sample needs {', '.join(missing)} in {out}: run the stages before it first")
-        return [SAMPLE], []
-    for st in STAGES[:[s.name for s in STAGES].index(upto) + 1 if upto else None]:
-        rec = records.get(st.name)
-        intact = rec is not None and store.outputs_intact(out, rec)
-        if target == st.name or (target == "all" and (todo or not intact)):
-            todo.append(st)                           # once one stage runs, every later one is made again
-            if target == st.name:
-                break
-            continue
-        if not intact:
-            raise RunError(f"stage {target} needs stage {st.name}'s outputs in {out}: run --stage={st.name} first "
-                           "(or every stage: no --stage)")
-        diff = store.first_difference(rec, stamp(cfg, st)["config"], {})
-        if diff is None:
-            diff = store.first_difference(rec, {}, stamp(cfg, st)["inputs"])
-        if diff:
-            raise RunError(f"stage {st.name} in {out} was made with {diff}: add --fresh to redo every stage, "
-                           f"--stage={st.name} to redo it and what follows, or use another --out_dir")
-        kept.append(st.name)
-    return todo, kept
+def world_ok(cfg, corpus=True):
+    """config.check_world with this folder's tokenizer, prompts (and --prompt) and token files."""
+    enc = data.load_tokenizer(cfg.run.out_dir, cfg.world.tokenizer)
+    prompts = sum(data.load_prompts(cfg.run.out_dir).values(), []) + ([cfg.run.prompt] if cfg.run.prompt else [])
+    check_world(cfg, enc, prompts, {s: os.path.getsize(path(cfg, f"{s}.bin")) // 2 for s in ("train", "val") if corpus})
 
 
 def run_stages(cfg, upto=None):
     """Check the state of out_dir, then run what is missing or asked for. Returns {stage: seconds}."""
     out = cfg.run.out_dir
     if cfg.run.fresh:
-        for st in STAGES:
-            for n in st.outputs + ([st.partial] if st.partial else []) + ["ppo.png"]:
-                store.remove(path(cfg, n))
-        store.remove(store.records_path(out)); store.remove(path(cfg, "timings.json"))
+        for n in [n for st in STAGES for n in st.outputs + [st.partial] if n] + ["stages.json", "timings.json"]:
+            store.remove(path(cfg, n))
     records = store.load_records(out)
-    todo, kept = plan(cfg, records, upto)
+    if cfg.run.stage == "sample":
+        missing = [n for n in files(cfg, SAMPLE.inputs) if not os.path.exists(path(cfg, n))]
+        if missing:
+            raise RunError(f"stage sample needs {', '.join(missing)} in {out}: run the stages before it first")
+        todo, kept = [SAMPLE], []
+    else:
+        stages = STAGES[:[s.name for s in STAGES].index(upto) + 1] if upto else STAGES
+        todo, kept = store.plan(stages, cfg.run.stage, out, records, lambda st: stamp(cfg, st))
     for name in kept:
         print(f"---- stage {name}: done with this config, kept ----")
     if not todo or todo[0].name != "world":
-        check_world(cfg, corpus=todo != [SAMPLE])
+        world_ok(cfg, corpus=todo != [SAMPLE])
     store.save_json(path(cfg, "config.json"), {g: dataclasses.asdict(c) for g, c in vars(cfg).items()})
     timings = store.load_json(path(cfg, "timings.json")) if os.path.exists(path(cfg, "timings.json")) else {}
     for st in todo:
         if st.outputs:                                # what this stage and every later one made is out of date now
             for later in STAGES[STAGES.index(st):]:
                 records.pop(later.name, None)
-                for n in later.outputs + (["ppo.png"] if later.name == "ppo" else []):
+                for n in later.outputs:
                     store.remove(path(cfg, n))
             store.save_json(store.records_path(out), records)
         print(f"---- stage {st.name} ----", flush=True)
@@ -361,7 +305,7 @@ def run_stages(cfg, upto=None):
         t = time.time()
         st.fn(cfg, stamp(cfg, st))
         if st.name == "world":
-            check_world(cfg)
+            world_ok(cfg)
         if st.outputs:
             records[st.name] = store.make_record(out, stamp(cfg, st)["config"], files(cfg, st.inputs),
                                                  files(cfg, st.outputs))
@@ -375,8 +319,7 @@ def run_stages(cfg, upto=None):
 
 def main(argv):
     cfg = parse(argv)
-    if cfg.run.stage not in ["all"] + list(BY_NAME):
-        die(f"bad value for --stage: {cfg.run.stage!r} (choose all, {', '.join(BY_NAME)})")
+    assert set(RunConfig.__dataclass_fields__["stage"].metadata["choices"]) == {"all", *BY_NAME}
     if os.path.exists(cfg.run.out_dir) and not os.path.isdir(cfg.run.out_dir):
         die(f"--out_dir={cfg.run.out_dir} is a file, not a folder")
     try:

@@ -4,7 +4,7 @@ import copy
 import pytest
 import torch
 from torch.nn import functional as F
-from model import GPT, GPTConfig, StepGuard, pad_left
+from model import GPT, GPTConfig, StepGuard, pad_left, response_logits
 from reward import ScalarModel
 from ref import Reference
 from kl import KLConfig, kl_full
@@ -229,3 +229,14 @@ def test_a_non_finite_loss_skips_the_step_and_several_stop_the_run():
     with pytest.raises(RunError, match="diverged"):
         for _ in range(10):
             guard.step(torch.tensor(float("inf"), requires_grad=True), opt, list(model.parameters()), 1.0)
+
+
+def test_entropy_bonus_raises_the_entropy():
+    actor, ref, critic, rm, prompts, q, qm, resp = tiny()
+    cfg = ppo.PPOConfig(ppo_epochs=2, minibatch_size=4, ent_coef=1.0)
+    batch, _ = ppo.make_experience(actor, critic, ref, ref, rm, q, qm, resp, EOS, 0.3, KLConfig(), cfg, 0.7)
+    batch = dict(batch, advantages=torch.zeros_like(batch["advantages"]))     # only the bonus moves the actor
+    entropy = lambda m: ppo.masked_mean(ppo.entropy_from_logits(response_logits(m, q, qm, resp, 0.7)), batch["mask"])
+    moved, _, _ = update(actor, critic, batch, cfg, lr=1e-3)
+    with torch.no_grad():
+        assert entropy(moved) > entropy(actor) + 0.01

@@ -93,6 +93,22 @@ def test_beta_moves_as_the_adaptive_controller_says(run):
     assert beta != K.init_kl_coef
 
 
+def test_the_controller_is_fed_the_exact_kl(run, tmp_path, monkeypatch):
+    """Not the estimator (k1 can be negative): the batch mean of the exact per-sequence KL that β controls."""
+    import ppo
+    fed, make = [], ppo.make_kl_controller
+
+    def recording(*a):
+        ctl = make(*a)
+        update = ctl.update
+        ctl.update = lambda kl, n: (fed.append(kl), update(kl, n))
+        return ctl
+    monkeypatch.setattr(ppo, "make_kl_controller", recording)
+    _, rows = ppo_run(run, tmp_path, "--ppo_iters=3")
+    assert fed == pytest.approx([r["objective/kl_penalized"] for r in rows], rel=1e-6)
+    assert fed != pytest.approx([r["objective/kl_estimate"] for r in rows], rel=1e-3)
+
+
 def test_reward_model_beats_chance(run):
     s = read(run, "reward.json")
     assert s["acc_gold"] > 0.6 and s["n_val"] >= 100

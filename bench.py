@@ -1,0 +1,164 @@
+"""Where the time goes, measured in one process on this machine: a table, and out/bench.json.
+
+    python bench.py                 # about a minute on 2 cores
+    python bench.py --threads=1     # any thread count; --device=cuda where there is one
+It measures: the machine's fp32 and bf16 matmul throughput (the ceiling), pretraining tokens/s on the default
+model, rollout tokens/s with and without the KV cache, and one PPO iteration at a fixed anchor config (4 layers,
+4 heads, 128 channels, vocabulary 1024; 64 prompts of 16 tokens, 32 new tokens, no end-of-text; 4 epochs x 4
+minibatches; a random reward model) split into generate / experience / update, through the code train.py runs.
+The update's FLOPs are counted (forward 2 per multiply-add, backward twice the forward) and divided by its time
+and by the measured matmul rate. Every timing is the median of a few repeats after a warm-up.
+Left out: memory profiles, torch.compile timings (see README), multi-GPU.
+"""
+import json, os, statistics, sys, time
+import torch
+
+import store
+from config import die
+from kl import KLConfig
+from model import GPT, GPTConfig, StepGuard
+from ppo import PPOConfig, make_experience, ppo_update
+from ref import Reference
+from reward import ScalarModel
+
+ANCHOR = GPTConfig(block_size=64, vocab_size=1024, n_layer=4, n_head=4, n_embd=128)
+B, TP, R, EPOCHS, MINIBATCH = 64, 16, 32, 4, 16
+
+
+def timed(fn, repeats):
+    """Median seconds of fn() over `repeats` calls, after one warm-up call."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def matmul_flops(dtype, device, n=1024, repeats=5):
+    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    return 2 * n ** 3 / timed(lambda: (a @ b, sync()), repeats)
+
+
+def forward_flops_per_token(cfg, context, lm_head=True):
+    """Multiply-adds x 2 for one token through the model: the blocks' matrices, attention over `context` tokens,
+    and (for the actor) the output layer."""
+    d = cfg.n_embd
+    blocks = cfg.n_layer * (2 * 12 * d * d + 2 * 2 * context * d)     # qkv, proj, mlp (12 d²) + QKᵀ and AV
+    return blocks + (2 * d * cfg.vocab_size if lm_head else 2 * d)
+
+
+def anchor_models(device):
+    torch.manual_seed(0)
+    actor = GPT(ANCHOR).to(device).eval()
+    critic, rm = ScalarModel(GPT(ANCHOR)).to(device), ScalarModel(GPT(ANCHOR)).to(device)
+    torch.nn.init.normal_(rm.head.weight, 0, 0.5)                     # random scores
+    return actor, Reference(actor), critic.eval(), rm.eval()
+
+
+def bench_ppo(device, repeats):
+    """One PPO iteration at the anchor config, through ppo.make_experience and ppo.ppo_update."""
+    actor, ref, critic, rm = anchor_models(device)
+    q = torch.randint(0, ANCHOR.vocab_size - 1, (B, TP), device=device)
+    qm = torch.ones(B, TP, dtype=torch.bool, device=device)
+    eos = ANCHOR.vocab_size - 1                                        # generation ignores it: always R tokens
+    cfg, kc = PPOConfig(ppo_epochs=EPOCHS, minibatch_size=MINIBATCH), KLConfig()
+    opts = (torch.optim.AdamW(actor.parameters(), lr=1e-6, eps=1e-5, weight_decay=0.0),
+            torch.optim.AdamW(critic.parameters(), lr=1e-6, eps=1e-5, weight_decay=0.0))
+    guards = (StepGuard("actor"), StepGuard("critic"))
+    state = {}
+
+    def generate():
+        state["resp"] = actor.generate(q, R, 1.0, eos=None, mask=qm)[0]
+
+    def experience():
+        state["batch"] = make_experience(actor, critic, ref, ref, rm, q, qm, state["resp"], eos, 0.05, kc, cfg, 1.0)[0]
+
+    def update():
+        ppo_update(actor, critic, opts, guards, state["batch"], cfg, 1.0, 0.05, kc)
+
+    t = {name: timed(fn, repeats) for name, fn in (("generate", generate), ("experience", experience),
+                                                    ("update", update))}
+    tokens = B * (TP + R - 1)                                          # one forward over prompt + response
+    ctx = (TP + R) / 2                                                 # mean attention span
+    per_token = 3 * (forward_flops_per_token(ANCHOR, ctx) + forward_flops_per_token(ANCHOR, ctx, lm_head=False))
+    t["update_flops"] = EPOCHS * tokens * per_token                    # actor and critic, forward + backward
+    return t
+
+
+def bench_pretrain(device, repeats, batch=32):
+    cfg = GPTConfig()
+    torch.manual_seed(0)
+    model = GPT(cfg).to(device).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    x = torch.randint(0, cfg.vocab_size, (batch, cfg.block_size), device=device)
+
+    def step():
+        _, loss = model(x, x)
+        opt.zero_grad(set_to_none=True); loss.backward(); opt.step()
+    return batch * cfg.block_size / timed(step, repeats)
+
+
+def bench_rollout(device, repeats):
+    """Tokens/s sampling B x R tokens after TP-token prompts, with the KV cache and with a full forward per token."""
+    actor, _, _, _ = anchor_models(device)
+    q = torch.randint(0, ANCHOR.vocab_size, (B, TP), device=device)
+
+    @torch.no_grad()
+    def no_cache():
+        idx = q
+        for _ in range(R):
+            logits = actor(idx)[0][:, -1]
+            idx = torch.cat([idx, torch.multinomial(torch.softmax(logits, -1), 1)], 1)
+    cached = timed(lambda: actor.generate(q, R, 1.0), repeats)
+    return B * R / cached, B * R / timed(no_cache, repeats)
+
+
+def main(argv):
+    opts = dict(threads=0, device="cpu", repeats=3, out_dir="out")
+    for a in argv:
+        name, _, value = a[2:].partition("=")
+        if not a.startswith("--") or name not in opts:
+            die(f"unknown flag {a!r} (bench.py takes {', '.join('--' + k for k in opts)})")
+        try:
+            opts[name] = type(opts[name])(value)
+        except ValueError:
+            die(f"bad value for --{name}: {value!r}")
+    if opts["device"] not in ("cpu", "cuda") or (opts["device"] == "cuda" and not torch.cuda.is_available()):
+        die(f"bad value for --device: {opts['device']!r} (cpu, or cuda where torch sees one)")
+    if opts["threads"] < 0 or opts["repeats"] < 1:
+        die("--threads must be >= 0 and --repeats >= 1")
+    if opts["threads"]:
+        torch.set_num_threads(opts["threads"])
+    dev, n = opts["device"], opts["repeats"]
+    t0 = time.time()
+    res = dict(device=dev, threads=torch.get_num_threads(), torch=torch.__version__,
+               matmul_fp32=matmul_flops(torch.float32, dev), matmul_bf16=matmul_flops(torch.bfloat16, dev),
+               pretrain_tokens_per_s=bench_pretrain(dev, n))
+    res["rollout_tokens_per_s_kv_cache"], res["rollout_tokens_per_s_no_cache"] = bench_rollout(dev, n)
+    ppo = bench_ppo(dev, n)
+    res.update({f"ppo_{k}_s": v for k, v in ppo.items() if k != "update_flops"})
+    res["ppo_iteration_s"] = ppo["generate"] + ppo["experience"] + ppo["update"]
+    res["ppo_update_gflop"] = ppo["update_flops"] / 1e9
+    res["ppo_update_fraction_of_matmul"] = ppo["update_flops"] / ppo["update"] / res["matmul_fp32"]
+    res["seconds"] = time.time() - t0
+    rows = [("matmul fp32, 1024³", f"{res['matmul_fp32'] / 1e9:.0f} GFLOP/s"),
+            ("matmul bf16, 1024³", f"{res['matmul_bf16'] / 1e9:.0f} GFLOP/s"),
+            ("pretraining (default model, 32x128)", f"{res['pretrain_tokens_per_s'] / 1e3:.1f} k tokens/s"),
+            ("rollout with KV cache (anchor)", f"{res['rollout_tokens_per_s_kv_cache'] / 1e3:.1f} k tokens/s"),
+            ("rollout, full forward per token", f"{res['rollout_tokens_per_s_no_cache'] / 1e3:.1f} k tokens/s"),
+            ("PPO iteration (anchor)", f"{res['ppo_iteration_s']:.3f} s"),
+            ("  generate", f"{res['ppo_generate_s']:.3f} s"), ("  experience", f"{res['ppo_experience_s']:.3f} s"),
+            ("  update", f"{res['ppo_update_s']:.3f} s ({res['ppo_update_gflop']:.0f} GFLOP, "
+                         f"{res['ppo_update_fraction_of_matmul']:.0%} of fp32 matmul)")]
+    print(f"bench.py on {dev}, {res['threads']} threads, torch {res['torch']} ({res['seconds']:.0f} s)\n")
+    print("| what | measured |\n|---|---|\n" + "\n".join(f"| {a} | {b} |" for a, b in rows))
+    os.makedirs(opts["out_dir"], exist_ok=True)
+    store.save_json(os.path.join(opts["out_dir"], "bench.json"), res)
+    return res
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
