@@ -16,8 +16,8 @@ import torch
 import store
 from config import die
 from kl import KLConfig
-from model import GPT, GPTConfig, StepGuard
-from ppo import PPOConfig, make_experience, ppo_update
+from model import GPT, GPTConfig, StepGuard, adamw
+from ppo import PPOConfig, make_experience, make_optimizers, ppo_update
 from ref import Reference
 from reward import ScalarModel
 
@@ -65,8 +65,7 @@ def bench_ppo(device, repeats):
     qm = torch.ones(B, TP, dtype=torch.bool, device=device)
     eos = ANCHOR.vocab_size - 1                                        # generation ignores it: always R tokens
     cfg, kc = PPOConfig(ppo_epochs=EPOCHS, minibatch_size=MINIBATCH), KLConfig()
-    opts = (torch.optim.AdamW(actor.parameters(), lr=1e-6, eps=1e-5, weight_decay=0.0),
-            torch.optim.AdamW(critic.parameters(), lr=1e-6, eps=1e-5, weight_decay=0.0))
+    opts = make_optimizers(actor, critic, cfg)
     guards = (StepGuard("actor"), StepGuard("critic"))
     state = {}
 
@@ -92,7 +91,7 @@ def bench_pretrain(device, repeats, batch=32):
     cfg = GPTConfig()
     torch.manual_seed(0)
     model = GPT(cfg).to(device).train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    opt = adamw(model.parameters(), 1e-4)
     x = torch.randint(0, cfg.vocab_size, (batch, cfg.block_size), device=device)
 
     def step():

@@ -92,8 +92,8 @@ class GPT(nn.Module):
         cache: a list with one slot per layer, filled and extended in place (None: no cache)."""
         B, T = idx.shape
         past = 0 if cache is None or cache[0] is None else cache[0][0].size(2)
-        if mask is None and past == 0:
-            allowed, pos = None, torch.arange(T, device=idx.device).expand(B, T)       # plain causal
+        if past == 0 and (mask is None or bool(mask.all())):                           # no padding:
+            allowed, pos = None, torch.arange(T, device=idx.device).expand(B, T)       # plain causal, fast kernel
         else:
             if mask is None:
                 mask = torch.ones(B, past + T, dtype=torch.bool, device=idx.device)
@@ -119,35 +119,45 @@ class GPT(nn.Module):
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, eos=None, mask=None):
         """Sample a batch with a KV cache. idx (B, Tp), left-padded with mask (B, Tp) where prompts differ in length.
         Each row stops at `eos`; later positions hold `eos` with log-prob 0. Returns tokens (B, R) and the log-probs
-        (B, R) of the sampled tokens under the distribution they were drawn from (temperature, then top-k)."""
+        (B, R) of the sampled tokens under the distribution they were drawn from (temperature, then top-k).
+        Rows that have ended leave the batch (and the cache), so a long straggler does not cost the whole batch."""
         B, Tp = idx.shape
         mask = torch.ones(B, Tp, dtype=torch.bool, device=idx.device) if mask is None else mask
         cache = [None] * self.config.n_layer
-        logits = self(idx, mask=mask, cache=cache)[0][:, -1]   # (B, V) prefill the prompt
-        done = torch.zeros(B, dtype=torch.bool, device=idx.device)
-        toks, logps = [], []
-        for _ in range(max_new_tokens):
+        logits = self.lm_head(self.hidden(idx, mask, cache)[:, -1])     # (B, V) prefill the prompt
+        toks = torch.full((B, max_new_tokens), 0 if eos is None else eos, dtype=torch.long, device=idx.device)
+        logps = torch.zeros(B, max_new_tokens, device=idx.device)
+        rows = torch.arange(B, device=idx.device)                       # (b,) where each live row belongs
+        for t in range(max_new_tokens):
             if not torch.isfinite(logits).all():              # sampling from NaN would fail obscurely
                 raise RunError("the model's logits are not finite while sampling: training diverged", 1)
             logits = logits.float() / temperature
             if top_k is not None and top_k < logits.size(-1):
                 kth = torch.topk(logits, top_k).values[:, -1:]
                 logits = logits.masked_fill(logits < kth, float("-inf"))
-            logp = F.log_softmax(logits, dim=-1)                # (B, V)
-            tok = torch.multinomial(logp.exp(), 1)              # (B, 1)
-            lp = logp.gather(1, tok)
-            if eos is not None:
-                tok, lp = tok.masked_fill(done[:, None], eos), lp.masked_fill(done[:, None], 0.0)
-                done = done | (tok[:, 0] == eos)
-            toks.append(tok); logps.append(lp)
-            if done.all() or len(toks) == max_new_tokens:
+            logp = F.log_softmax(logits, dim=-1)                # (b, V)
+            tok = torch.multinomial(logp.exp(), 1)              # (b, 1)
+            toks[rows, t], logps[rows, t] = tok[:, 0], logp.gather(1, tok)[:, 0]
+            if t + 1 == max_new_tokens:
                 break
-            mask = torch.cat([mask, torch.ones(B, 1, dtype=torch.bool, device=idx.device)], 1)
-            logits = self(tok, mask=mask, cache=cache)[0][:, -1]
-        return torch.cat(toks, 1), torch.cat(logps, 1)          # (B, R), (B, R)
+            if eos is not None:
+                live = tok[:, 0] != eos                          # (b,)
+                if not live.all():
+                    if not live.any():
+                        break
+                    rows, tok, mask = rows[live], tok[live], mask[live]
+                    cache[:] = [(k[live], v[live]) for k, v in cache]
+            mask = torch.cat([mask, torch.ones_like(tok, dtype=torch.bool)], 1)
+            logits = self.lm_head(self.hidden(tok, mask, cache)[:, -1])   # (b, V)
+        return toks[:, :t + 1], logps[:, :t + 1]                 # (B, R), (B, R)
 
     def num_params(self):
         return sum(p.numel() for p in self.parameters())
+
+
+def adamw(params, lr, **kw):
+    """AdamW with the fused kernel (one op per step for all parameters, on CPU and CUDA alike)."""
+    return torch.optim.AdamW(params, lr=lr, fused=True, **kw)
 
 
 MAX_BAD_STEPS = 5      # non-finite steps in a row that stop a run

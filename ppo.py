@@ -26,7 +26,7 @@ from torch.nn import functional as F
 import data, store
 from config import arg, RunError
 from kl import kl_full, make_kl_controller, per_token_kl, shaped_rewards
-from model import (StepGuard, encode_prompts, join_tokens, response_logits, response_mask, token_logprobs)
+from model import StepGuard, adamw, encode_prompts, join_tokens, response_logits, response_mask, token_logprobs
 from ref import Reference
 from reward import response_values, score as reward_score
 
@@ -161,7 +161,7 @@ def ppo_update(actor, critic, opts, guards, batch, cfg, temperature, beta=0.0, k
             logprobs = token_logprobs(logits, resp)                                              # (b, R)
             pg_loss, clipfrac, approxkl, ratio = policy_loss(logprobs, mb["old_logprobs"], mb["advantages"], mask,
                                                               cfg.cliprange)
-            entropy = masked_mean(entropy_from_logits(logits), mask)
+            entropy = masked_mean(entropy_from_logits(logits if cfg.ent_coef else logits.detach()), mask)
             actor_loss = pg_loss - cfg.ent_coef * entropy
             kl_loss = torch.zeros(())
             if kl_cfg is not None and kl_cfg.kl_in == "loss":      # the estimator, differentiated, summed per sequence
@@ -181,6 +181,12 @@ def ppo_update(actor, critic, opts, guards, batch, cfg, temperature, beta=0.0, k
     return {k: sum(v) / len(v) for k, v in stats.items()}
 
 
+def make_optimizers(actor, critic, cfg):
+    """One AdamW each: the critic's loss never reaches the actor's step or its gradient clip."""
+    return (adamw(actor.parameters(), cfg.ppo_lr, eps=1e-5, weight_decay=0.0),
+            adamw(critic.parameters(), cfg.vf_lr, eps=1e-5, weight_decay=0.0))
+
+
 def _rng_states():
     return dict(torch=torch.get_rng_state(), cuda=torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [])
 
@@ -198,8 +204,7 @@ def train_ppo(actor, critic, ref, rm, enc, prompts, cfg, run_dir, stamp, log=pri
     with the same numbers as an uninterrupted one. Returns (metrics rows, final β)."""
     run, kc, pc = cfg.run, cfg.kl, cfg.ppo
     eos, device = enc.eot_token, run.device
-    opts = (torch.optim.AdamW(actor.parameters(), lr=pc.ppo_lr, eps=1e-5, weight_decay=0.0),
-            torch.optim.AdamW(critic.parameters(), lr=pc.vf_lr, eps=1e-5, weight_decay=0.0))
+    opts = make_optimizers(actor, critic, pc)
     guards = (StepGuard("PPO (actor)"), StepGuard("PPO (critic)"))
     kl_ctl = make_kl_controller(kc, pc.ppo_iters * pc.rollout_batch)
     pen_ref = ref                                  # rolling: the previous iteration's policy, replaced every iteration

@@ -14,7 +14,7 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from config import arg
-from model import GPT, GPTConfig, StepGuard, encode_prompts, join_tokens, pad_left, response_hidden, response_mask
+from model import GPT, GPTConfig, StepGuard, adamw, encode_prompts, join_tokens, pad_left, response_hidden, response_mask
 import data, store
 
 
@@ -29,7 +29,7 @@ class RewardConfig:
 
 
 @torch.no_grad()
-def make_preferences(model, enc, prompts, n_pairs, run, batch=250):
+def make_preferences(model, enc, prompts, n_pairs, run, batch=500):
     """n_pairs rows: a random prompt, two responses of the model (text and prompt + response token ids), the
     annotator's noisy label (0: a preferred) and both gold scores. Randomness: run.seed and torch's generator."""
     model.eval()
@@ -108,14 +108,19 @@ def train_reward_model(lm, pairs, cfg, pad_id, seed=0, log=print):
     val, tr = [pairs[i] for i in order[:n_val]], [pairs[i] for i in order[n_val:]]
     rm = from_pretrained(lm, cfg.rm_layers)
     rm.train()
-    opt = torch.optim.AdamW(rm.parameters(), lr=cfg.rm_lr, weight_decay=0.0)
+    opt = adamw(rm.parameters(), cfg.rm_lr, weight_decay=0.0)
     steps = cfg.rm_epochs * ((len(tr) + cfg.rm_batch_size - 1) // cfg.rm_batch_size)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 - s / max(1, steps))   # linear decay
     guard = StepGuard("reward model training")
+    longest = np.array([max(len(p["chosen"]), len(p["rejected"])) for p in tr])
     for epoch in range(cfg.rm_epochs):
-        perm, losses = rng.permutation(len(tr)), []
-        for i in range(0, len(tr), cfg.rm_batch_size):
-            mb = [tr[j] for j in perm[i:i + cfg.rm_batch_size]]
+        # batches of pairs of about the same length (little padding), in random order; ties broken at random
+        perm = rng.permutation(len(tr))
+        perm = perm[np.argsort(longest[perm], kind="stable")]
+        batches = [perm[i:i + cfg.rm_batch_size] for i in range(0, len(tr), cfg.rm_batch_size)]
+        losses = []
+        for b in rng.permutation(len(batches)):
+            mb = [tr[j] for j in batches[b]]
             r = score(rm, [p["chosen"] for p in mb] + [p["rejected"] for p in mb], pad_id)   # (2b,)
             loss = bt_loss(r[:len(mb)], r[len(mb):])
             guard.step(loss, opt, list(rm.parameters()), 1.0)

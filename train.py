@@ -21,7 +21,7 @@ import data, store
 from config import RunConfig, WorldConfig, PretrainConfig, RunError, check, check_world, die, fields, parse_args
 from evaluate import evaluate_policy, judge_texts, plot_metrics, sample_texts, write_report
 from kl import KLConfig
-from model import GPT, GPTConfig, StepGuard, load_checkpoint, save_checkpoint
+from model import GPT, GPTConfig, StepGuard, adamw, load_checkpoint, save_checkpoint
 from ppo import PPOConfig, train_ppo
 from ref import Reference
 from reward import RewardConfig, load_scalar_model, make_preferences, save_scalar_model, train_reward_model
@@ -75,7 +75,7 @@ def stage_pretrain(cfg, stamp):
         return loss
 
     model = GPT(gcfg).to(run.device)
-    opt = torch.optim.AdamW(model.parameters(), lr=pt.lr, betas=(0.9, 0.95), weight_decay=pt.weight_decay)
+    opt = adamw(model.parameters(), pt.lr, betas=(0.9, 0.95), weight_decay=pt.weight_decay)
     guard, start, log, seconds = StepGuard("pretraining"), 0, [], 0.0
     ckpt_path = path(cfg, "pretrain_ckpt.pt")
     if os.path.exists(ckpt_path):
