@@ -1,9 +1,9 @@
 """What the reference model buys, measured: the PPO stage re-run under each condition, several seeds each.
 
-    python ablate.py                     # every condition x 3 seeds -> out/ablate/: results, examples, plots
-    python ablate.py --quick             # one seed, shorter runs: a few minutes
+    python ablate.py                     # every condition x 3 seeds at the main run's budget -> out/ablate/
+    python ablate.py --quick             # one seed, short runs (32 x 12 sequences): a few minutes
     python ablate.py --conditions=no_kl,adaptive --seeds=5 --ppo_iters=80    # any train.py flag passes through
-    python ablate.py --subdir=ablate_b64 --rollout_batch=64   # results into out/ablate_b64/ instead
+    python ablate.py --subdir=ablate_short --rollout_batch=32 --ppo_iters=40  # results into out/ablate_short/
     python ablate.py --jobs=1            # runs one after another, in this process (default: 2 processes, 1 thread each)
 
 A run whose ppo.json was made under the same config and inputs is reused, so an interrupted ablation goes on
@@ -41,8 +41,8 @@ CONDITIONS = {
 SAME_AS = {"est_k1": "adaptive"}
 COLUMNS = ["proxy_mean", "gold_mean", "kl", "ref_ppl", "distinct_1", "distinct_2", "repetition_rate",
            "wellformed_rate", "eos_rate", "seconds"]
-DEFAULTS = ["--rollout_batch=32", "--ppo_iters=40", "--n_eval=100"]   # 33 runs must fit in 30 minutes
-QUICK = ["--ppo_iters=12", "--n_eval=64"]
+DEFAULTS = []                   # the main run's budget: train.py's rollout_batch, ppo_iters and n_eval
+QUICK = ["--rollout_batch=32", "--ppo_iters=12", "--n_eval=64"]
 
 
 def parse(argv):

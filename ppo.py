@@ -156,6 +156,8 @@ def ppo_update(actor, critic, opts, guards, batch, cfg, temperature, beta=0.0, k
         perm = torch.randperm(B)
         for i in range(0, B, cfg.minibatch_size):
             mb = {k: v[perm[i:i + cfg.minibatch_size]] for k, v in batch.items()}
+            n = int(mb["mask"].sum(1).max())          # this minibatch's longest response: the rest is padding
+            mb = {k: v if k.startswith("query") else v[:, :n] for k, v in mb.items()}
             q, qm, resp, mask = mb["query"], mb["query_mask"], mb["response"], mb["mask"]
             logits = response_logits(actor, q, qm, resp, temperature)                           # (b, R, V)
             logprobs = token_logprobs(logits, resp)                                              # (b, R)
