@@ -206,8 +206,9 @@ def ablate(opts, rest):
         store.save_json(os.path.join(adir, "results.jsonl"), rows, lines=True)
         order = ["pretrained"] + order
         table = summarise(rows, order)
-        store.write_text(os.path.join(adir, "results.md"), f"# ablate.py {' '.join(sys.argv[1:])}\n\n{len(jobs)} "
-                         f"PPO runs, {time.time() - t0:.0f} s in all. Mean ± std over seeds; held-out prompts.\n\n{table}")
+        store.write_text(os.path.join(adir, "results.md"), f"# ablate.py {' '.join(sys.argv[1:])}\n\n"
+                         f"{len(jobs)} PPO runs, {time.time() - t0:.0f} s in all. Mean ± std over seeds; "
+                         f"held-out prompts.\n\n{table}")
         plot(rows, adir, order)
         write_examples(cfg, base, adir, order, seed0)
         print(table)

@@ -40,7 +40,8 @@ def die(msg, code=2):
 class RunConfig:
     out_dir: str = arg("out", help="folder for every stage's outputs")
     stage: str = arg("all", help="every stage not done yet, or one stage (train.STAGES)",
-                     choices=["all", "world", "pretrain", "reference", "preferences", "reward", "ppo", "report", "sample"])
+                     choices=["all", "world", "pretrain", "reference", "preferences", "reward", "ppo", "report",
+                              "sample"])
     fresh: bool = arg(False, help="delete every output in out_dir and redo every stage")
     preset: str = arg("default", help="default, smoke (seconds; the tests use it)", choices=["default", "smoke"])
     seed: int = arg(1337)
@@ -127,7 +128,8 @@ def parse_args(argv, groups, doc=""):
         try:
             values[name] = _convert(by_name[name], text)
         except ValueError:
-            die(f"bad value for --{name}: {text!r} is not a finite {getattr(by_name[name].type, '__name__', by_name[name].type)}")
+            kind = getattr(by_name[name].type, "__name__", by_name[name].type)
+            die(f"bad value for --{name}: {text!r} is not a finite {kind}")
     preset = values.get("preset", "default")
     if preset not in PRESETS:
         die(f"bad value for --preset: {preset!r} (choose {', '.join(PRESETS)})")

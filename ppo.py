@@ -270,13 +270,15 @@ def train_ppo(actor, critic, ref, rm, enc, prompts, cfg, run_dir, stamp, log=pri
                "policy/skipped_updates": guards[0].skipped + guards[1].skipped,
                "loss/policy_avg": stats["pg_loss"], "loss/value_avg": stats["vf_loss"], "loss/kl_avg": stats["kl_loss"],
                "val/clipfrac_avg": stats["vf_clipfrac"], "val/ratio": stats["ratio"],
-               "val/num_eos_tokens": (~info["truncated"]).float().sum().item(), "val/response_length": n_tok / len(resp),
+               "val/num_eos_tokens": (~info["truncated"]).float().sum().item(),
+               "val/response_length": n_tok / len(resp),
                "time/tokens_per_second": n_tok / dt, "time/elapsed": time.time() - t0}
         metrics.append(row)
         store.save_json(metrics_path, metrics, lines=True)
         eta = (time.time() - t0) / (it + 1) * (pc.ppo_iters - it - 1)
         log(f"iter {it + 1}/{pc.ppo_iters} | rm {row['objective/scores']:+.2f} | gold {row['objective/gold']:+.2f} | "
-            f"kl {row['objective/kl']:.2f} | β {beta:.4f} | ent {stats['entropy']:.2f} | clip {stats['clipfrac']:.3f} | "
+            f"kl {row['objective/kl']:.2f} | β {beta:.4f} | ent {stats['entropy']:.2f} | "
+            f"clip {stats['clipfrac']:.3f} | "
             f"approxkl {stats['approxkl']:.4f} | vf {stats['vf_loss']:.3f} | len {row['val/response_length']:.1f} | "
             f"{row['time/tokens_per_second']:.0f} tok/s | eta {int(eta // 60)}m{int(eta % 60):02d}s")
         if (it + 1) % pc.save_interval == 0 or it + 1 == pc.ppo_iters:

@@ -1,10 +1,11 @@
 """The tiny learned reward model: a pretrained GPT trunk plus a scalar head, fit to noisy human preferences.
 
 Preference data (`make_preferences`, train.py's `preferences` stage): for random training prompts, two responses
-sampled from the pretrained model, labelled by the world's noisy annotator (data.label_pair). The model is trained with the
-Bradley-Terry loss  -log σ(r_chosen - r_rejected)  on the score read at the last real token, then normalised (gain,
-bias) so that responses of the pretrained policy score mean 0, std 1. The critic (ppo.py) is a copy of this model.
-Run via `python train.py --stage=reward`. Left out: ensembles, margin losses, reward-model uncertainty.
+sampled from the pretrained model, labelled by the world's noisy annotator (data.label_pair). The model is trained
+with the Bradley-Terry loss  -log σ(r_chosen - r_rejected)  on the score read at the last real token, in batches of
+pairs of about the same length, then normalised (gain, bias) so that responses of the pretrained policy score mean 0,
+std 1. The critic (ppo.py) is a copy of this model. Run via `python train.py --stage=reward`.
+Left out: ensembles, margin losses, reward-model uncertainty.
 """
 import copy, random
 from dataclasses import dataclass, asdict
@@ -14,7 +15,8 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from config import arg
-from model import GPT, GPTConfig, StepGuard, adamw, encode_prompts, join_tokens, pad_left, response_hidden, response_mask
+from model import (GPT, GPTConfig, StepGuard, adamw, encode_prompts, join_tokens, pad_left, response_hidden,
+                   response_mask)
 import data, store
 
 

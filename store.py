@@ -120,7 +120,8 @@ def load_records(out_dir):
 
 def make_record(out_dir, config, inputs, outputs):
     """The record of a finished stage; an optional output that was not made (a plot) is not in it."""
-    h = lambda names: {n: file_hash(os.path.join(out_dir, n)) for n in names if os.path.exists(os.path.join(out_dir, n))}
+    paths = lambda names: [(n, os.path.join(out_dir, n)) for n in names]
+    h = lambda names: {n: file_hash(p) for n, p in paths(names) if os.path.exists(p)}
     return dict(config=config, inputs=h(inputs), outputs=h(outputs))
 
 

@@ -1,6 +1,6 @@
 """tether's driver: every stage of RLHF, from an empty folder to a report.
 
-    python train.py                      # every stage not done yet: world pretrain reference preferences reward ppo report
+    python train.py                      # every stage not done yet (world, pretrain, ..., ppo, report)
     python train.py --stage=pretrain     # redo one stage (and remove what later stages made from its old outputs)
     python train.py --stage=sample --prompt='review: the nova pro phone\\n'    # the RLHF actor alone
     python train.py --preset=smoke       # everything tiny, seconds (the tests use it)
@@ -244,7 +244,8 @@ STAGES = [
     Stage("preferences", stage_preferences, ["pretrain.pt"] + TOK, ["prefs.jsonl"], _SAMPLING + ["n_pairs"], None),
     Stage("reward", stage_reward, ["pretrain.pt", "prefs.jsonl"], ["reward.pt", "reward.json"],
           ["seed"] + _names(RewardConfig), None),
-    Stage("ppo", stage_ppo, ["pretrain.pt", "ref.pt", "reward.pt"] + TOK, ["actor.pt", "metrics.jsonl", "ppo.json", "ppo.png"],
+    Stage("ppo", stage_ppo, ["pretrain.pt", "ref.pt", "reward.pt"] + TOK,
+          ["actor.pt", "metrics.jsonl", "ppo.json", "ppo.png"],
           _SAMPLING + [n for n in _names(KLConfig, PPOConfig) if n != "save_interval"], "ppo_state.pt"),
     Stage("report", stage_report, ["pretrain.pt", "actor.pt", "ref.pt", "reward.pt"] + TOK,
           ["report.md", "report.json"], _SAMPLING + ["n_eval"], None),
@@ -258,11 +259,10 @@ def files(cfg, names):
     return [n for n in names if n != "tokenizer.bpe" or cfg.world.tokenizer == "bpe"]
 
 
-def stamp(cfg, st, base=None):
+def stamp(cfg, st):
     """What a stage's outputs are made from: its config fields and the hashes of its input files."""
     values = {f.name: getattr(getattr(cfg, g), f.name) for g, f in fields(GROUPS) if f.name in st.fields}
-    base = base or cfg.run.out_dir
-    return dict(config=values, inputs={n: store.file_hash(os.path.join(base, n)) for n in files(cfg, st.inputs)})
+    return dict(config=values, inputs={n: store.file_hash(path(cfg, n)) for n in files(cfg, st.inputs)})
 
 
 def world_ok(cfg, corpus=True):

@@ -38,7 +38,8 @@ def numbers(out):
         os.path.join(out, "metrics.jsonl"), lines=True)]
     report = store.load_json(os.path.join(out, "report.json"))
     return dict(pretrain=strip(store.load_json(os.path.join(out, "pretrain.json"))), metrics=rows,
-                reward=store.load_json(os.path.join(out, "reward.json")), report={k: report[k] for k in ("pretrained", "rlhf")},
+                reward=store.load_json(os.path.join(out, "reward.json")),
+                report={k: report[k] for k in ("pretrained", "rlhf")},
                 ppo=store.load_json(os.path.join(out, "ppo.json"))["final"])
 
 
