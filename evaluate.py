@@ -5,7 +5,7 @@ train.py (pretrain, ppo and report stages) and ablate.py all score through `eval
 every table is measured the same way: same prompts, same sampling seed, same metrics.
 Left out: confidence intervals, per-token views.
 """
-import math
+import math, os
 import numpy as np
 import torch
 
@@ -104,7 +104,6 @@ def plot_metrics(rows, png):
     b.plot(it, [r["objective/kl"] for r in rows], color="C3")
     b.set_xlabel("PPO iteration"); b.set_ylabel("KL(actor ‖ reference), nats/sequence")
     fig.tight_layout()
-    tmp = png + ".tmp.png"
+    tmp = png + ".tmp.png"                                  # written whole, then renamed: never a torn file
     fig.savefig(tmp, dpi=100); plt.close(fig)
-    import os
     os.replace(tmp, png)

@@ -6,7 +6,7 @@ so a prompt scores the same alone or padded inside a batch.
 Shapes: B batch, T tokens, C channels, V vocabulary, H heads.
 Also here: the sequence conventions every stage shares (`encode_prompts`, `response_mask`, `join_tokens`) and
 checkpoints (written atomically, loaded with weights_only=True onto the chosen device).
-Left out: flash/fused kernels, weight decay groups per parameter type, mixed precision.
+Left out: custom kernels, weight decay groups per parameter type, mixed precision.
 """
 from dataclasses import dataclass, asdict
 import math
