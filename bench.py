@@ -4,13 +4,14 @@
     python bench.py --threads=1     # any thread count; --device=cuda where there is one
 It measures: the machine's fp32 and bf16 matmul throughput (the ceiling), pretraining tokens/s on the default
 model, rollout tokens/s with and without the KV cache, and one PPO iteration at a fixed anchor config (4 layers,
-4 heads, 128 channels, vocabulary 1024; 64 prompts of 16 tokens, 32 new tokens, no end-of-text; 4 epochs x 4
-minibatches; a random reward model) split into generate / experience / update, through the code train.py runs.
+4 heads, 128 channels, vocabulary 1024; 64 prompts of 16 tokens, 32 new tokens, sampling never stops early; 4 epochs
+x 4 minibatches; a random reward model) split into generate / experience / update, through the code train.py runs.
+(The last id stands for end-of-text in the experience, so a response that happens to sample it is masked there.)
 The update's FLOPs are counted (forward 2 per multiply-add, backward twice the forward) and divided by its time
 and by the measured matmul rate. Every timing is the median of a few repeats after a warm-up.
 Left out: memory profiles, torch.compile timings (see README), multi-GPU.
 """
-import json, os, statistics, sys, time
+import os, statistics, sys, time
 import torch
 
 import store

@@ -30,6 +30,9 @@ class RunError(Exception):
         super().__init__(msg)
         self.code = code
 
+    def __reduce__(self):                               # keeps the code across ablate.py's worker processes
+        return RunError, (str(self), self.code)
+
 
 def die(msg, code=2):
     print(f"error: {msg}", file=sys.stderr)
@@ -169,6 +172,8 @@ def check(cfg):
     if n_val < 1 or r.n_pairs - n_val < r.rm_batch_size:
         die(f"--n_pairs={r.n_pairs} with --rm_val_frac={r.rm_val_frac} gives {n_val} held-out and "
             f"{r.n_pairs - n_val} training pairs: need >= 1 held-out and >= --rm_batch_size={r.rm_batch_size}")
+    if run.fresh and run.stage != "all":
+        die(f"--fresh redoes every stage: use it without --stage (--stage={run.stage} alone redoes that stage)")
     if p.minibatch_size > p.rollout_batch:
         die(f"--minibatch_size={p.minibatch_size} is larger than --rollout_batch={p.rollout_batch}")
     if run.response_length + 2 > g.block_size:

@@ -1,8 +1,9 @@
 """Evaluation: what a policy writes for held-out prompts, what it earns, what it costs; the report and the plot.
 
     python train.py --stage=report      # pretrained model vs RLHF actor, side by side -> out/report.md, report.json
-train.py (pretrain, ppo and report stages) and ablate.py all score through `evaluate_policy`, so every row of
-every table is measured the same way: same prompts, same sampling seed, same metrics.
+The ppo and report stages and ablate.py all score through `evaluate_policy`, so every row of every table is measured
+the same way: same prompts, same sampling seed, same metrics; the pretrain stage and ablate.py's examples use
+`sample_texts` and `judge_texts`.
 Left out: confidence intervals, per-token views.
 """
 import math, os

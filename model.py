@@ -25,7 +25,7 @@ class GPTConfig:
     n_layer: int = arg(4, ">0")
     n_head: int = arg(4, ">0")
     n_embd: int = arg(128, ">0")
-    dropout: float = arg(0.0, "[0,1)", "pretraining only: RL runs with dropout off")
+    dropout: float = arg(0.0, "[0,1)", "pretraining and reward-model training; RL runs with dropout off")
     bias: bool = arg(True, help="biases in Linear and LayerNorm")
 
 
@@ -188,13 +188,24 @@ class StepGuard:
         return False
 
 
+def rng_states():
+    """Torch's CPU and CUDA generator states, for a resumable checkpoint."""
+    return dict(torch=torch.get_rng_state(), cuda=torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [])
+
+
+def set_rng_states(s):
+    torch.set_rng_state(s["torch"])
+    if s["cuda"]:
+        torch.cuda.set_rng_state_all(s["cuda"])
+
+
 def save_checkpoint(model, path, **extra):
     store.save_torch({"config": asdict(model.config), "model": model.state_dict(), **extra}, path)
 
 
 def load_checkpoint(path, device="cpu"):
     """Returns (GPT on device, checkpoint dict). Plain tensors and dicts only: safe with weights_only=True."""
-    ckpt = store.load_torch(path, device)
+    ckpt = store.load_torch(path)                                   # on the CPU, then moved once
     model = GPT(GPTConfig(**ckpt["config"]))
     model.load_state_dict(ckpt["model"])
     return model.to(device), ckpt

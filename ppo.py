@@ -26,7 +26,8 @@ from torch.nn import functional as F
 import data, store
 from config import arg, RunError
 from kl import kl_full, make_kl_controller, per_token_kl, shaped_rewards
-from model import StepGuard, adamw, encode_prompts, join_tokens, response_logits, response_mask, token_logprobs
+from model import (StepGuard, adamw, encode_prompts, join_tokens, response_logits, response_mask, rng_states,
+                   set_rng_states, token_logprobs)
 from ref import Reference
 from reward import response_values, score as reward_score
 
@@ -189,16 +190,6 @@ def make_optimizers(actor, critic, cfg):
             adamw(critic.parameters(), cfg.vf_lr, eps=1e-5, weight_decay=0.0))
 
 
-def _rng_states():
-    return dict(torch=torch.get_rng_state(), cuda=torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [])
-
-
-def _set_rng_states(s):
-    torch.set_rng_state(s["torch"])
-    if s["cuda"]:
-        torch.cuda.set_rng_state_all(s["cuda"])
-
-
 def train_ppo(actor, critic, ref, rm, enc, prompts, cfg, run_dir, stamp, log=print):
     """PPO from the given actor and critic (both trained in place) against the frozen reference `ref` and the
     reward model `rm`. Writes run_dir/metrics.jsonl every iteration and run_dir/ppo_state.pt every save_interval
@@ -225,7 +216,7 @@ def train_ppo(actor, critic, ref, rm, enc, prompts, cfg, run_dir, stamp, log=pri
             if s["pen_ref"] is not None:
                 pen_ref = Reference(actor)
                 pen_ref.model.load_state_dict(s["pen_ref"])
-            prompt_gen.set_state(s["prompt_gen"]); _set_rng_states(s["rng"])
+            prompt_gen.set_state(s["prompt_gen"]); set_rng_states(s["rng"])
             metrics, start = s["metrics"], s["iter"]
             log(f"ppo: resuming from {state_path} after iteration {start}")
         else:
@@ -285,5 +276,5 @@ def train_ppo(actor, critic, ref, rm, enc, prompts, cfg, run_dir, stamp, log=pri
             store.save_torch(dict(stamp=stamp, iter=it + 1, actor=actor.state_dict(), critic=critic.state_dict(),
                                   opts=[o.state_dict() for o in opts], skipped=[g.skipped for g in guards],
                                   kl_ctl=asdict(kl_ctl), pen_ref=None if pen_ref is ref else pen_ref.model.state_dict(),
-                                  prompt_gen=prompt_gen.get_state(), rng=_rng_states(), metrics=metrics), state_path)
+                                  prompt_gen=prompt_gen.get_state(), rng=rng_states(), metrics=metrics), state_path)
     return metrics, kl_ctl.value

@@ -133,7 +133,7 @@ def train_reward_model(lm, pairs, cfg, pad_id, seed=0, log=print):
     with torch.no_grad():
         rc = score(rm, [p["chosen"] for p in val], pad_id)
         rr = score(rm, [p["rejected"] for p in val], pad_id)
-        gold_diff = torch.tensor([p["gold_chosen"] - p["gold_rejected"] for p in val])
+        gold_diff = torch.tensor([p["gold_chosen"] - p["gold_rejected"] for p in val], device=rc.device)
         decided = gold_diff != 0
         all_scores = score(rm, [s for p in pairs for s in (p["chosen"], p["rejected"])], pad_id)
     rm.gain.fill_(1.0 / all_scores.std().clamp(min=1e-6).item())          # normalise on the pretrained policy
@@ -151,7 +151,7 @@ def save_scalar_model(model, path, **extra):
 
 
 def load_scalar_model(path, device="cpu"):
-    ckpt = store.load_torch(path, device)
+    ckpt = store.load_torch(path)                                   # on the CPU, then moved once
     model = ScalarModel(GPT(GPTConfig(**ckpt["config"])))
     model.load_state_dict(ckpt["model"])
     return model.to(device).eval(), ckpt

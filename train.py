@@ -21,7 +21,7 @@ import data, store
 from config import RunConfig, WorldConfig, PretrainConfig, RunError, check, check_world, die, fields, parse_args
 from evaluate import evaluate_policy, judge_texts, plot_metrics, sample_texts, write_report
 from kl import KLConfig
-from model import GPT, GPTConfig, StepGuard, adamw, load_checkpoint, save_checkpoint
+from model import GPT, GPTConfig, StepGuard, adamw, load_checkpoint, rng_states, save_checkpoint, set_rng_states
 from ppo import PPOConfig, train_ppo
 from ref import Reference
 from reward import RewardConfig, load_scalar_model, make_preferences, save_scalar_model, train_reward_model
@@ -82,7 +82,7 @@ def stage_pretrain(cfg, stamp):
         s = store.load_torch(ckpt_path)                     # on the CPU: RNG states must stay there
         if s["stamp"] == stamp:                             # same config and inputs: go on where it stopped
             model.load_state_dict(s["model"]); opt.load_state_dict(s["opt"]); gen.set_state(s["gen"])
-            torch.set_rng_state(s["rng"])
+            set_rng_states(s["rng"])
             start, log, seconds, guard.skipped = s["iter"], s["log"], s["seconds"], s["skipped"]
             print(f"pretrain: resuming from {ckpt_path} after iteration {start}")
     print(f"pretrain: {model.num_params() / 1e6:.2f}M parameters, {pt.max_iters} iters of "
@@ -103,7 +103,7 @@ def stage_pretrain(cfg, stamp):
                   f"lr {lr:.1e} | {(it + 1 - start) * pt.batch_size * gcfg.block_size / (dt - seconds) / 1e3:.1f}k "
                   f"tok/s | eta {fmt_time((dt - seconds) / (it + 1 - start) * (pt.max_iters - it - 1))}", flush=True)
             store.save_torch(dict(stamp=stamp, iter=it + 1, model=model.state_dict(), opt=opt.state_dict(),
-                                  gen=gen.get_state(), rng=torch.get_rng_state(), log=log, seconds=dt,
+                                  gen=gen.get_state(), rng=rng_states(), log=log, seconds=dt,
                                   skipped=guard.skipped), ckpt_path)
     seconds = time.time() - t0
     model.eval()

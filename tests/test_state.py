@@ -49,7 +49,8 @@ def numbers(out):
     (["--kl_estimator=k9"], "bad value"), (["--device=tpu"], "bad value"), (["--lr=nan"], "finite"),
     (["--lr=inf"], "finite"), (["--lr=0"], "must be >0"), (["--gamma=1.5"], "[0,1]"), (["--n_pairs=1"], "--n_pairs=1"),
     (["--n_reviews=20"], "--n_reviews"), (["--minibatch_size=100"], "--minibatch_size=100"),
-    (["--response_length=100"], "--block_size=96"), (["--n_head=3"], "not divisible")])
+    (["--response_length=100"], "--block_size=96"), (["--n_head=3"], "not divisible"),
+    (["--fresh", "--stage=ppo"], "--fresh redoes every stage")])
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(args, message, tmp_path, capsys):
     assert message in refused(SMOKE + [f"--out_dir={tmp_path}"] + args, capsys)
     assert not os.listdir(tmp_path)
