@@ -17,7 +17,7 @@ import torch
 import store
 from config import die
 from kl import KLConfig
-from model import GPT, GPTConfig, StepGuard, adamw
+from model import GPT, GPTConfig, StepGuard, adamw, autocast
 from ppo import PPOConfig, make_experience, make_optimizers, ppo_update
 from ref import Reference
 from reward import ScalarModel
@@ -88,7 +88,8 @@ def bench_ppo(device, repeats):
     return t
 
 
-def bench_pretrain(device, repeats, batch=32):
+def bench_pretrain(device, repeats, dtype="fp32", batch=32):
+    """Training tokens/s of the default model, fp32 or with bf16 autocast (train.py's --dtype)."""
     cfg = GPTConfig()
     torch.manual_seed(0)
     model = GPT(cfg).to(device).train()
@@ -96,7 +97,8 @@ def bench_pretrain(device, repeats, batch=32):
     x = torch.randint(0, cfg.vocab_size, (batch, cfg.block_size), device=device)
 
     def step():
-        _, loss = model(x, x)
+        with autocast(device, dtype):
+            _, loss = model(x, x)
         opt.zero_grad(set_to_none=True); loss.backward(); opt.step()
     return batch * cfg.block_size / timed(step, repeats)
 
@@ -136,7 +138,7 @@ def main(argv):
     t0 = time.time()
     res = dict(device=dev, threads=torch.get_num_threads(), torch=torch.__version__,
                matmul_fp32=matmul_flops(torch.float32, dev), matmul_bf16=matmul_flops(torch.bfloat16, dev),
-               pretrain_tokens_per_s=bench_pretrain(dev, n))
+               pretrain_tokens_per_s=bench_pretrain(dev, n), pretrain_bf16_tokens_per_s=bench_pretrain(dev, n, "bf16"))
     res["rollout_tokens_per_s_kv_cache"], res["rollout_tokens_per_s_no_cache"] = bench_rollout(dev, n)
     ppo = bench_ppo(dev, n)
     res.update({f"ppo_{k}_s": v for k, v in ppo.items() if k != "update_flops"})
@@ -147,6 +149,7 @@ def main(argv):
     rows = [("matmul fp32, 1024³", f"{res['matmul_fp32'] / 1e9:.0f} GFLOP/s"),
             ("matmul bf16, 1024³", f"{res['matmul_bf16'] / 1e9:.0f} GFLOP/s"),
             ("pretraining (default model, 32x128)", f"{res['pretrain_tokens_per_s'] / 1e3:.1f} k tokens/s"),
+            ("pretraining, bf16 autocast (--dtype=bf16)", f"{res['pretrain_bf16_tokens_per_s'] / 1e3:.1f} k tokens/s"),
             ("rollout with KV cache (anchor)", f"{res['rollout_tokens_per_s_kv_cache'] / 1e3:.1f} k tokens/s"),
             ("rollout, full forward per token", f"{res['rollout_tokens_per_s_no_cache'] / 1e3:.1f} k tokens/s"),
             ("PPO iteration (anchor)", f"{res['ppo_iteration_s']:.3f} s"),

@@ -50,6 +50,9 @@ class RunConfig:
     seed: int = arg(1337)
     device: str = arg("auto", help="auto (cuda when available), cpu or cuda", choices=["auto", "cpu", "cuda"])
     threads: int = arg(0, ">=0", "torch CPU threads; 0 = torch's default")
+    dtype: str = arg("fp32", help="pretraining and reward-model training: fp32, or bf16 autocast (weights and "
+                     "optimizer stay fp32); auto = bf16 on CUDA or a CPU with native bf16, else fp32. Sampling and "
+                     "PPO stay fp32", choices=["fp32", "bf16", "auto"])
     temperature: float = arg(1.0, ">0", "one temperature everywhere: sampling, old, reference, training log-probs")
     response_length: int = arg(64, ">0", "most response tokens sampled; prompt + response must fit block_size")
     prompt: str = arg("", help=r"sample stage: your own prompt, e.g. 'review: the nova pro phone\n'")
@@ -181,6 +184,9 @@ def check(cfg):
     if run.device == "cuda" and not torch.cuda.is_available():
         die("--device=cuda but torch sees no CUDA device here (use --device=cpu or auto)")
     run.device = run.device if run.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
+    if run.dtype == "auto":     # bf16 pays only where the hardware multiplies in bf16 natively (else emulated, slower)
+        native = run.device == "cuda" or torch.ops.mkldnn._is_mkldnn_bf16_supported()
+        run.dtype = "bf16" if native else "fp32"
 
 
 def check_world(cfg, enc, prompts, split_tokens):

@@ -163,6 +163,11 @@ def adamw(params, lr, **kw):
 MAX_BAD_STEPS = 5      # non-finite steps in a row that stop a run
 
 
+def autocast(device, dtype):
+    """Training passes in bf16 where --dtype=bf16: matmuls in bf16, weights, gradients and AdamW in fp32."""
+    return torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=dtype == "bf16")
+
+
 class StepGuard:
     """One optimizer step per call, skipped (and counted) when the loss or the gradient is not finite, so no NaN
     reaches the weights; MAX_BAD_STEPS skips in a row stop the run with a one-line error."""

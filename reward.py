@@ -15,8 +15,8 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from config import arg
-from model import (GPT, GPTConfig, StepGuard, adamw, encode_prompts, join_tokens, pad_left, response_hidden,
-                   response_mask)
+from model import (GPT, GPTConfig, StepGuard, adamw, autocast, encode_prompts, join_tokens, pad_left,
+                   response_hidden, response_mask)
 import data, store
 
 
@@ -101,7 +101,7 @@ def bt_loss(r_chosen, r_rejected):
     return -F.logsigmoid(r_chosen - r_rejected).mean()
 
 
-def train_reward_model(lm, pairs, cfg, pad_id, seed=0, log=print):
+def train_reward_model(lm, pairs, cfg, pad_id, seed=0, dtype="fp32", log=print):
     """pairs: list of dicts with token lists `chosen`, `rejected` and gold scores `gold_chosen`, `gold_rejected`.
     Returns (ScalarModel, stats) with held-out accuracy against the noisy labels and against the gold order."""
     rng = np.random.default_rng(seed)
@@ -123,7 +123,8 @@ def train_reward_model(lm, pairs, cfg, pad_id, seed=0, log=print):
         losses = []
         for b in rng.permutation(len(batches)):
             mb = [tr[j] for j in batches[b]]
-            r = score(rm, [p["chosen"] for p in mb] + [p["rejected"] for p in mb], pad_id)   # (2b,)
+            with autocast(next(rm.parameters()).device.type, dtype):                      # --dtype: bf16 or fp32
+                r = score(rm, [p["chosen"] for p in mb] + [p["rejected"] for p in mb], pad_id).float()   # (2b,)
             loss = bt_loss(r[:len(mb)], r[len(mb):])
             guard.step(loss, opt, list(rm.parameters()), 1.0)
             sched.step()

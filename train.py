@@ -21,7 +21,8 @@ import data, store
 from config import RunConfig, WorldConfig, PretrainConfig, RunError, check, check_world, die, fields, parse_args
 from evaluate import evaluate_policy, judge_texts, plot_metrics, sample_texts, write_report
 from kl import KLConfig
-from model import GPT, GPTConfig, StepGuard, adamw, load_checkpoint, rng_states, save_checkpoint, set_rng_states
+from model import (GPT, GPTConfig, StepGuard, adamw, autocast, load_checkpoint, rng_states, save_checkpoint,
+                   set_rng_states)
 from ppo import PPOConfig, train_ppo
 from ref import Reference
 from reward import RewardConfig, load_scalar_model, make_preferences, save_scalar_model, train_reward_model
@@ -94,7 +95,8 @@ def stage_pretrain(cfg, stamp):
             1 + math.cos(math.pi * (it - pt.warmup_iters) / max(1, pt.max_iters - pt.warmup_iters)))   # warmup + cosine
         for g in opt.param_groups:
             g["lr"] = lr
-        _, loss = model(*get_batch("train"))
+        with autocast(run.device, run.dtype):
+            _, loss = model(*get_batch("train"))
         guard.step(loss, opt, list(model.parameters()), pt.grad_clip)
         if (it + 1) % pt.eval_interval == 0 or it + 1 == pt.max_iters:
             log.append(dict(iter=it + 1, loss=loss.item(), val_loss=val_loss(), lr=lr))
@@ -156,7 +158,7 @@ def stage_reward(cfg, stamp):
     pairs = [dict(chosen=r["tokens_a"], rejected=r["tokens_b"], gold_chosen=r["gold_a"], gold_rejected=r["gold_b"])
              if r["label"] == 0 else dict(chosen=r["tokens_b"], rejected=r["tokens_a"], gold_chosen=r["gold_b"],
                                           gold_rejected=r["gold_a"]) for r in rows]
-    rm, stats = train_reward_model(lm, pairs, cfg.reward, enc.eot_token, seed=run.seed)
+    rm, stats = train_reward_model(lm, pairs, cfg.reward, enc.eot_token, seed=run.seed, dtype=run.dtype)
     save_scalar_model(rm, path(cfg, "reward.pt"))
     store.save_json(path(cfg, "reward.json"), stats)
     print(f"reward model: held-out accuracy {stats['acc_noisy']:.1%} against the noisy labels, "
@@ -239,11 +241,11 @@ TOK = ["tokenizer.bpe", "prompts.json"]
 STAGES = [
     Stage("world", stage_world, [], WORLD, ["seed"] + _names(WorldConfig), None),
     Stage("pretrain", stage_pretrain, ["train.bin", "val.bin"] + TOK, ["pretrain.pt", "pretrain.json"],
-          _SAMPLING + _names(GPTConfig, PretrainConfig), "pretrain_ckpt.pt"),
+          _SAMPLING + ["dtype"] + _names(GPTConfig, PretrainConfig), "pretrain_ckpt.pt"),
     Stage("reference", stage_reference, ["pretrain.pt"], ["ref.pt"], [], None),
     Stage("preferences", stage_preferences, ["pretrain.pt"] + TOK, ["prefs.jsonl"], _SAMPLING + ["n_pairs"], None),
     Stage("reward", stage_reward, ["pretrain.pt", "prefs.jsonl"], ["reward.pt", "reward.json"],
-          ["seed"] + _names(RewardConfig), None),
+          ["seed", "dtype"] + _names(RewardConfig), None),
     Stage("ppo", stage_ppo, ["pretrain.pt", "ref.pt", "reward.pt"] + TOK,
           ["actor.pt", "metrics.jsonl", "ppo.json", "ppo.png"],
           _SAMPLING + [n for n in _names(KLConfig, PPOConfig) if n != "save_interval"], "ppo_state.pt"),

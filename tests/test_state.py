@@ -83,7 +83,8 @@ def test_a_long_prompt_is_refused_before_sampling(run, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("flag, stage", [("--n_layer=1", "pretrain"), ("--n_pairs=700", "preferences"),
-                                         ("--vocab_size=400", "world"), ("--kl_ctl=fixed", "ppo")])
+                                         ("--vocab_size=400", "world"), ("--kl_ctl=fixed", "ppo"),
+                                         ("--dtype=bf16", "pretrain")])
 def test_a_changed_flag_is_refused_not_silently_reused(run, tmp_path, capsys, flag, stage):
     out = copy_run(run, tmp_path)
     before = hashes(out)

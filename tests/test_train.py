@@ -109,6 +109,20 @@ def test_the_controller_is_fed_the_exact_kl(run, tmp_path, monkeypatch):
     assert fed != pytest.approx([r["objective/kl_estimate"] for r in rows], rel=1e-3)
 
 
+def test_bf16_trains_in_bf16_and_ppo_still_starts_at_kl_zero(run, tmp_path):
+    """--dtype=bf16 must reach the training passes (other numbers than fp32, still learning) and leave PPO exact."""
+    out = str(tmp_path / "bf16")
+    shutil.copytree(run, out)
+    train.main(["--preset=smoke", f"--out_dir={out}", "--dtype=bf16", "--stage=pretrain"])
+    train.main(["--preset=smoke", f"--out_dir={out}", "--dtype=bf16"])
+    fp32, bf16 = read(run, "pretrain.json"), read(out, "pretrain.json")
+    assert bf16["val_loss"] != fp32["val_loss"] and bf16["val_loss"] < 1.05 * fp32["val_loss"]
+    assert read(out, "reward.json")["acc_noisy"] != read(run, "reward.json")["acc_noisy"] or \
+        read(out, "reward.json")["val_loss"] != read(run, "reward.json")["val_loss"]
+    rows = read(out, "metrics.jsonl")
+    assert rows[0]["objective/kl"] == 0.0 and all(r["policy/ratio_dev_first"] < 1e-5 for r in rows)
+
+
 def test_reward_model_beats_chance(run):
     s = read(run, "reward.json")
     assert s["acc_gold"] > 0.6 and s["n_val"] >= 100
