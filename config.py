@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 RULES = {">0": lambda v: v > 0, ">=0": lambda v: v >= 0, "[0,1]": lambda v: 0 <= v <= 1,
-         "[0,1)": lambda v: 0 <= v < 1, "(0,1)": lambda v: 0 < v < 1}
+         "[0,1)": lambda v: 0 <= v < 1, "(0,1)": lambda v: 0 < v < 1,
+         "(0,1]": lambda v: 0 < v <= 1}
 
 
 def arg(default, rule=None, help="", choices=None):

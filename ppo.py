@@ -128,7 +128,7 @@ def make_experience(actor, critic, ref, pen_ref, rm, query, query_mask, response
     pen_logits = ref_logits if pen_ref is ref else pen_ref.logits(query, query_mask, response, temperature)
     pen_logprobs = token_logprobs(pen_logits, response)                                        # (B, R)
     values = response_values(critic, query, query_mask, response)                              # (B, R)
-    kl = per_token_kl(kl_cfg.kl_estimator, old_logprobs, pen_logprobs, logits, pen_logits)     # (B, R)
+    kl = per_token_kl(kl_cfg.kl_estimator, old_logprobs, pen_logprobs, logits, pen_logits, mask)  # (B, R)
     in_reward = kl if kl_cfg.kl_in == "reward" else torch.zeros_like(kl)       # loss form: the update pays it
     rewards = shaped_rewards(scores, in_reward, mask, beta)                                    # (B, R)
     advantages, returns = compute_gae(rewards, values, mask, cfg.gamma, cfg.lam)               # (B, R) each
@@ -168,7 +168,8 @@ def ppo_update(actor, critic, opts, guards, batch, cfg, temperature, beta=0.0, k
             actor_loss = pg_loss - cfg.ent_coef * entropy
             kl_loss = torch.zeros(())
             if kl_cfg is not None and kl_cfg.kl_in == "loss":      # the estimator, differentiated, summed per sequence
-                kl = per_token_kl(kl_cfg.kl_estimator, logprobs, mb["ref_logprobs"], logits, mb.get("ref_logits"))
+                kl = per_token_kl(kl_cfg.kl_estimator, logprobs, mb["ref_logprobs"], logits, mb.get("ref_logits"),
+                                  mask)
                 kl_loss = torch.where(mask, kl, 0.0).sum(1).mean()
                 actor_loss = actor_loss + beta * kl_loss
             vpred = response_values(critic, q, qm, resp)                                        # (b, R)
