@@ -28,7 +28,8 @@ class KLConfig:
                       "linear (decay)", choices=["fixed", "adaptive", "band", "linear"])
     init_kl_coef: float = arg(0.05, ">=0", "β at the start (linear: the start value)")
     kl_target: float = arg(6.0, ">0", "adaptive: target KL per sequence, nats; band: the middle of its range")
-    kl_horizon: int = arg(2000, ">0", "adaptive: sequences over which β can move by about 20 %")
+    kl_horizon: int = arg(2000, ">=0", "adaptive: sequences over which β can move by about 20 %; 0 = a tenth of "
+                          "the run's sequences, so that β can move about x7 over any budget")
     band_width: float = arg(0.5, "[0,1)", "band: the range is kl_target x (1 ± band_width)")
     kl_coef_end: float = arg(0.001, ">=0", "linear: β at the end of training")
     kl_estimator: str = arg("k1", help="per-token KL: k1, k2, k3, full (exact, from both softmaxes), or seq_mean "
@@ -148,7 +149,7 @@ def make_kl_controller(cfg, total_sequences):
     if cfg.kl_ctl == "fixed":
         return FixedKLController(cfg.init_kl_coef)
     if cfg.kl_ctl == "adaptive":
-        return AdaptiveKLController(cfg.init_kl_coef, cfg.kl_target, cfg.kl_horizon)
+        return AdaptiveKLController(cfg.init_kl_coef, cfg.kl_target, cfg.kl_horizon or max(1, total_sequences // 10))
     if cfg.kl_ctl == "band":
         return BandKLController(cfg.init_kl_coef, cfg.kl_target * (1 - cfg.band_width),
                                 cfg.kl_target * (1 + cfg.band_width))
