@@ -45,7 +45,7 @@ class RunConfig:
     out_dir: str = arg("out", help="folder for every stage's outputs")
     stage: str = arg("all", help="every stage not done yet, or one stage (train.STAGES)",
                      choices=["all", "world", "pretrain", "reference", "preferences", "reward", "ppo", "report",
-                              "sample"])
+                              "sample", "inspect"])
     fresh: bool = arg(False, help="delete every output in out_dir and redo every stage")
     preset: str = arg("default", help="default, smoke (seconds; the tests use it)", choices=["default", "smoke"])
     seed: int = arg(1337)
