@@ -7,6 +7,8 @@
     python ablate.py --subdir=ablate_short --rollout_batch=32 --ppo_iters=40  # results into out/ablate_short/
     python ablate.py --jobs=1            # runs one after another, in this process (default: 2 processes, 1 thread each)
 
+results.md gives each column's mean with a 95 % bootstrap interval over seeds, then each condition minus `adaptive`
+(or the suite's first condition) paired over seeds; an interval that holds 0 is printed "not separated".
 A run whose ppo.json was made under the same config and inputs is reused, so an interrupted ablation goes on
 where it stopped (a run killed half way resumes from its ppo_state.pt); Ctrl-C stops every worker.
 
@@ -214,6 +216,16 @@ def plot(rows, adir, order):
     ax.set_xlabel("sqrt(KL to reference), sqrt(nats)"); ax.set_ylabel("gold score, held-out prompts")
     ax.set_title("over-optimisation frontier (Gao et al. 2022)"); ax.legend(fontsize=7)
     fig.tight_layout(); fig.savefig(os.path.join(adir, "frontier.png"), dpi=100); plt.close(fig)
+    moving = [c for c in ("adaptive", "adaptive_fast", "band", "linear_decay") if c in order]
+    if moving:                                                        # β over iterations, first seed of each
+        fig, ax = plt.subplots(figsize=(6.5, 4))
+        for i, cond in enumerate(moving):
+            r = next(r for r in rows if r["condition"] == cond)
+            with open(os.path.join(adir, folder(cond), f"seed{r['seed']}", "metrics.jsonl")) as f:
+                m = [json.loads(line) for line in f]
+            ax.plot([x["iter"] for x in m], [x["objective/kl_coef"] for x in m], color=f"C{i}", label=cond)
+        ax.set_xlabel("PPO iteration"); ax.set_ylabel("β"); ax.set_yscale("log"); ax.legend(fontsize=8)
+        fig.tight_layout(); fig.savefig(os.path.join(adir, "beta.png"), dpi=100); plt.close(fig)
 
 
 def write_examples(cfg, base, adir, order, seed, n=3):

@@ -73,7 +73,8 @@ def response_block(name, model_path, prompt, rows, gold, proxy):
     tops = lambda xs: "<br>".join(f"{shown(s)} {p:.3f}" for s, p in xs)
     table = "".join(f"<tr><td>{t}</td><td>{shown(r['text'])}</td><td>{r['k1']:+.4f}</td><td>{r['kl']:.4f}</td>"
                     f"<td>{tops(r['actor_top'])}</td><td>{tops(r['ref_top'])}</td></tr>" for t, r in enumerate(rows))
-    return (f'<div class="resp" data-model="{html.escape(model_path)}" data-prompt="{html.escape(prompt)}"><h3>{html.escape(name)}: gold {gold:+.2f}, proxy {proxy:+.2f}, '
+    return (f'<div class="resp" data-model="{html.escape(model_path)}" data-prompt="{html.escape(prompt)}">'
+            f'<h3>{html.escape(name)}: gold {gold:+.2f}, proxy {proxy:+.2f}, '
             f'KL {sum(r["kl"] for r in rows):.2f} nats (k1 sum {sum(r["k1"] for r in rows):+.2f})</h3>'
             f'<p class="line"><b>exact</b> {"".join(token_span(r, "kl") for r in rows)}</p>'
             f'<p class="line"><b>k1</b> {"".join(token_span(r, "k1") for r in rows)}</p>'

@@ -32,7 +32,7 @@ def test_every_condition_appears_with_finite_values_and_finished_runs_are_reused
     twin = os.path.join(adir, "est_k3", "seed1337", "actor.pt")
     mtime = os.path.getmtime(twin)
     new = ["est_k1_reward", "est_k3_reward", "est_k2_loss", "est_seq_mean", "ref_sync", "ptx_no_kl", "adaptive_fast"]
-    ablate.main(argv + [f"--conditions={','.join(new)}", "--ref_sync_every=1"])   # SAME_AS twins reuse core's runs
+    ablate.main(argv + [f"--conditions={','.join(new)}"])              # SAME_AS twins reuse core's runs
     again = store.load_json(os.path.join(adir, "results.jsonl"), lines=True)
     assert [r["condition"] for r in again] == ["pretrained"] + new and os.path.getmtime(twin) == mtime
     assert not os.path.exists(os.path.join(adir, "est_k3_reward"))
