@@ -173,9 +173,12 @@ def summarise(rows, order, base=DEFAULT_CONDITION, paired=("gold_mean", "kl", "p
     for cond in order:
         rs = [r for r in rows if r["condition"] == cond]
         if rs:
-            cells = ["{:.3f} [{:.3f}, {:.3f}]".format(*bootstrap_ci([r[c] for r in rs])) for c in COLUMNS]
+            cells = ["{:.3f} [{:.3f}, {:.3f}]".format(*bootstrap_ci([r[c] for r in rs])) if len(rs) > 1
+                     else f"{rs[0][c]:.3f}" for c in COLUMNS]                       # one seed: no interval
             lines.append(f"| {cond} | {','.join(str(r['seed']) for r in rs)} | " + " | ".join(cells) + " |")
-    if base:
+    if base and len({r["seed"] for r in rows if r["condition"] == base}) < 2:
+        lines += ["", "One seed: no intervals, no paired differences (run --seeds=3 or more)."]
+    elif base:
         lines += ["", f"Paired differences against {base} (same seeds), 95 % bootstrap interval:", "",
                   "| condition | seeds | " + " | ".join(f"Δ {c}" for c in paired) + " |",
                   "|---" * (len(paired) + 2) + "|"]
