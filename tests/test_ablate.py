@@ -76,7 +76,8 @@ def test_paired_differences_and_not_separated():
 
 @pytest.mark.parametrize("argv, message", [(["--conditions=no_kl,magic"], "unknown condition"),
                                            (["--conditions=no_kl,no_kl"], "twice"), (["--seeds=0"], ">= 1"),
-                                           (["--seeds=x"], "bad value"), (["--ppo_iters=0"], "--ppo_iters")])
+                                           (["--seeds=x"], "bad value"), (["--ppo_iters=0"], "--ppo_iters"),
+                                           (["--suite=nope"], "unknown suite")])
 def test_bad_options_are_a_clear_error(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
         ablate.main(argv)
