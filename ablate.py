@@ -209,7 +209,9 @@ def plot(rows, adir, order):
     axes[0].set_title("gold score (simulated human)"); axes[1].set_title("proxy score (reward model)")
     for ax in axes:
         ax.set_xlabel("PPO iteration")
-    axes[1].legend(fontsize=8); fig.tight_layout(); fig.savefig(os.path.join(adir, "scores.png"), dpi=100)
+    if axes[1].get_legend_handles_labels()[0]:                      # a suite may plot none of these
+        axes[1].legend(fontsize=8)
+    fig.tight_layout(); fig.savefig(os.path.join(adir, "scores.png"), dpi=100)
     plt.close(fig)
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     for i, cond in enumerate(order):
