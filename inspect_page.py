@@ -1,7 +1,7 @@
 """The token-by-token page: which tokens the reference pulls back.
 
     python train.py --stage=inspect                        # out/inspect.html, the main run's RLHF actor
-    python train.py --stage=inspect --inspect_actor=out/ablate/no_kl/seed1337/actor.pt    # an ablation run's actor
+    python train.py --stage=inspect --inspect_actor=out/ablate/no_kl/seed1337/actor.pt    # -> that folder's page
 
 For a few held-out prompts, the pretrained model and the RLHF actor each answer (same sampling noise). Every
 response token is coloured by its KL to the frozen reference, twice: k1 = log π_θ(y_t) - log π_ref(y_t) of the
@@ -127,6 +127,6 @@ def stage_inspect(cfg, stamp):
     note = (f"Held-out prompts, temperature {run.temperature}. Colour: KL to the frozen reference per token, full "
             f"at {SCALE} nat (red: the actor likes the token more than the reference; blue, k1 only: less). "
             "Hover a token for both numbers and the top-5 next tokens of the actor and the reference.")
-    path = os.path.join(out, "inspect.html")
+    path = os.path.join(os.path.dirname(actor_path) if cfg.inspect.inspect_actor else out, "inspect.html")
     write_page(path, "tether: which tokens the reference pulls back", blocks, note)
     print(f"inspect: {len(prompts)} prompts, pretrained and RLHF actor -> {path}")
