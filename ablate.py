@@ -1,11 +1,14 @@
 """What the reference model buys, measured: the PPO stage re-run under each condition, several seeds each.
 
-    python ablate.py                     # every condition x 3 seeds at the main run's budget -> out/ablate/
+    python ablate.py                     # the core suite x 3 seeds at the main run's budget -> out/ablate/
+    python ablate.py --suite=estimators  # a suite: core, estimators, reference, beta, anchors, or all (SUITES)
     python ablate.py --quick             # one seed, short runs (32 x 12 sequences): a few minutes
     python ablate.py --conditions=no_kl,adaptive --seeds=5 --ppo_iters=80    # any train.py flag passes through
     python ablate.py --subdir=ablate_short --rollout_batch=32 --ppo_iters=40  # results into out/ablate_short/
     python ablate.py --jobs=1            # runs one after another, in this process (default: 2 processes, 1 thread each)
 
+results.md gives each column's mean with a 95 % bootstrap interval over seeds, then each condition minus `adaptive`
+(or the suite's first condition) paired over seeds; an interval that holds 0 is printed "not separated".
 A run whose ppo.json was made under the same config and inputs is reused, so an interrupted ablation goes on
 where it stopped (a run killed half way resumes from its ppo_state.pt); Ctrl-C stops every worker.
 
@@ -23,7 +26,7 @@ from config import RunError, die
 from evaluate import evaluate_policy, sample_texts
 from model import load_checkpoint
 
-# condition -> train.py flags. est_k1 is the default (adaptive, k1 in the reward): it reuses the adaptive runs.
+# condition -> train.py flags. A condition in SAME_AS has the same flags as another and reuses its runs.
 CONDITIONS = {
     "no_kl": ["--kl_ctl=fixed", "--init_kl_coef=0"],
     "rolling_ref": ["--ref_update=rolling", "--kl_ctl=fixed", "--init_kl_coef=0.05"],
@@ -37,8 +40,34 @@ CONDITIONS = {
     "est_k3": ["--kl_estimator=k3"],
     "est_full_reward": ["--kl_estimator=full"],
     "est_full_loss": ["--kl_in=loss", "--kl_estimator=full"],
+    # every estimator in every place (adaptive β, as the default), and the mean-over-the-response mistake
+    **{f"est_{k}_{place}": [f"--kl_estimator={k}", f"--kl_in={place}"] for k in ("k1", "k2", "k3", "full")
+       for place in ("reward", "loss")},
+    "est_seq_mean": ["--kl_estimator=seq_mean"],
+    # between frozen and rolling, at rolling_ref's fixed β (fixed_0.05 is the frozen row)
+    "ref_sync": ["--ref_update=sync", "--ref_sync_alpha=0.6", "--ref_sync_every=10", "--kl_ctl=fixed",
+                 "--init_kl_coef=0.05"],
+    "ref_reset": ["--ref_update=reset", "--ref_reset_every=20", "--kl_ctl=fixed", "--init_kl_coef=0.05"],
+    # a second anchor, to the pretraining data (InstructGPT's PPO-ptx)
+    "ptx": ["--ptx_coef=1.0"],
+    "ptx_no_kl": ["--ptx_coef=1.0", "--kl_ctl=fixed", "--init_kl_coef=0"],
+    # fixed β from almost nothing to a lot; and a controller whose horizon (a tenth of the run) lets β move
+    **{f"beta_{b}": ["--kl_ctl=fixed", f"--init_kl_coef={b}"] for b in ("0.001", "0.01", "0.03", "0.1", "0.3", "1")},
+    "adaptive_fast": ["--kl_horizon=0"],
 }
-SAME_AS = {"est_k1": "adaptive"}
+SAME_AS = {"est_k1": "adaptive", "est_k1_reward": "adaptive", "est_k3_reward": "est_k3"}
+CORE = ["no_kl", "rolling_ref", "fixed_0.005", "fixed_0.05", "fixed_0.5", "adaptive", "band", "linear_decay",
+        "est_k1", "est_k3", "est_full_reward", "est_full_loss"]
+SUITES = {                      # a plain dict: add a suite by adding a line; `all` is the union, in this order
+    "core": CORE,
+    "estimators": [f"est_{k}_{p}" for p in ("reward", "loss") for k in ("k1", "k2", "k3", "full")] + ["est_seq_mean"],
+    "reference": ["fixed_0.05", "rolling_ref", "ref_sync", "ref_reset"],
+    "anchors": ["no_kl", "adaptive", "ptx", "ptx_no_kl"],
+    "beta": ["no_kl", "beta_0.001", "beta_0.01", "beta_0.03", "fixed_0.05", "beta_0.1", "beta_0.3", "beta_1",
+             "adaptive", "adaptive_fast"],
+}
+SUITES["all"] = list(dict.fromkeys(c for suite in SUITES.values() for c in suite))
+DEFAULT_CONDITION = "adaptive"  # the paired comparisons are against this row (the main run's settings)
 COLUMNS = ["proxy_mean", "gold_mean", "kl", "ref_ppl", "distinct_1", "distinct_2", "repetition_rate",
            "wellformed_rate", "eos_rate", "seconds"]
 DEFAULTS = []                   # the main run's budget: train.py's rollout_batch, ppo_iters and n_eval
@@ -50,7 +79,7 @@ def parse(argv):
     if "--help" in argv or "-h" in argv:
         print(__doc__)
         sys.exit(0)
-    opts = dict(quick=False, seeds=3, conditions=",".join(CONDITIONS), jobs=2, subdir="ablate")
+    opts = dict(quick=False, seeds=3, conditions="", suite="core", jobs=2, subdir="ablate")
     user = []
     for a in argv:
         name, _, value = a[2:].partition("=")
@@ -61,6 +90,9 @@ def parse(argv):
                 die(f"bad value for --{name}: {value!r}")
         else:
             user.append(a)
+    if opts["suite"] not in SUITES:
+        die(f"unknown suite {opts['suite']!r} (choose {', '.join(SUITES)})")
+    opts["conditions"] = opts["conditions"] or ",".join(SUITES[opts["suite"]])
     conds = opts["conditions"].split(",")
     unknown = [c for c in conds if c not in CONDITIONS]
     if unknown:
@@ -106,14 +138,54 @@ def baseline_row(cfg, base, seed):
     return dict(condition="pretrained", seed=seed, **final, kl_coef_final=None, seconds=0.0)
 
 
-def summarise(rows, order):
-    """Markdown table: mean ± std over seeds for each condition."""
+def folder(cond):
+    """The folder a condition's runs live in: its twin's when SAME_AS names one (same flags, same runs)."""
+    return SAME_AS.get(cond, cond)
+
+
+def bootstrap_ci(x, level=0.95, n_boot=10000, seed=0):
+    """(mean, low, high): the percentile bootstrap interval of the mean of x, resampled with replacement with a
+    fixed RNG seed, so a table is reproducible. With 3 seeds it is coarse (10 distinct resampled means): honest."""
+    x = np.asarray(x, dtype=float)
+    means = x[np.random.default_rng(seed).integers(0, len(x), (n_boot, len(x)))].mean(1)   # (n_boot,)
+    lo, hi = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
+    return float(x.mean()), float(lo), float(hi)
+
+
+def paired_ci(rows, cond, base, col):
+    """The bootstrap interval of cond - base in column col over the seeds both have (paired: same seed, same
+    prompts, same first rollout). None below 2 shared seeds."""
+    a, b = ({r["seed"]: r[col] for r in rows if r["condition"] == c} for c in (cond, base))
+    seeds = sorted(set(a) & set(b))
+    return bootstrap_ci([a[s] - b[s] for s in seeds]) + (len(seeds),) if len(seeds) >= 2 else None
+
+
+def verdict(ci):
+    mean, lo, hi, n = ci
+    return f"{mean:+.3f} [{lo:+.3f}, {hi:+.3f}]" + (" not separated" if lo <= 0 <= hi else "")
+
+
+def summarise(rows, order, base=DEFAULT_CONDITION, paired=("gold_mean", "kl", "proxy_mean")):
+    """Markdown: mean [95 % bootstrap interval over seeds] per condition; then each condition minus `base` (or the
+    suite's first condition), paired over seeds, where an interval that holds 0 reads "not separated"."""
+    base = base if base in order else next((c for c in order if c != "pretrained"), None)   # a suite without it
     lines = ["| condition | seeds | " + " | ".join(COLUMNS) + " |", "|---" * (len(COLUMNS) + 2) + "|"]
     for cond in order:
         rs = [r for r in rows if r["condition"] == cond]
         if rs:
-            cells = [f"{np.mean([r[c] for r in rs]):.3f} ± {np.std([r[c] for r in rs]):.3f}" for c in COLUMNS]
-            lines.append(f"| {cond} | {len(rs)} | " + " | ".join(cells) + " |")
+            cells = ["{:.3f} [{:.3f}, {:.3f}]".format(*bootstrap_ci([r[c] for r in rs])) if len(rs) > 1
+                     else f"{rs[0][c]:.3f}" for c in COLUMNS]                       # one seed: no interval
+            lines.append(f"| {cond} | {','.join(str(r['seed']) for r in rs)} | " + " | ".join(cells) + " |")
+    if base and len({r["seed"] for r in rows if r["condition"] == base}) < 2:
+        lines += ["", "One seed: no intervals, no paired differences (run --seeds=3 or more)."]
+    elif base:
+        lines += ["", f"Paired differences against {base} (same seeds), 95 % bootstrap interval:", "",
+                  "| condition | seeds | " + " | ".join(f"Δ {c}" for c in paired) + " |",
+                  "|---" * (len(paired) + 2) + "|"]
+        for cond in order:
+            cis = [paired_ci(rows, cond, base, c) for c in paired]
+            if cond not in (base, "pretrained") and cis[0]:
+                lines.append(f"| {cond} | {cis[0][3]} | " + " | ".join(verdict(ci) for ci in cis) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -128,7 +200,7 @@ def plot(rows, adir, order):
     for i, cond in enumerate(c for c in ["no_kl", "rolling_ref", "fixed_0.005", "fixed_0.5", "adaptive"] if c in order):
         curves = []
         for r in (r for r in rows if r["condition"] == cond):
-            with open(os.path.join(adir, cond, f"seed{r['seed']}", "metrics.jsonl")) as f:
+            with open(os.path.join(adir, folder(cond), f"seed{r['seed']}", "metrics.jsonl")) as f:
                 curves.append([json.loads(line) for line in f])
         if curves:
             it = [x["iter"] for x in curves[0]]
@@ -137,7 +209,9 @@ def plot(rows, adir, order):
     axes[0].set_title("gold score (simulated human)"); axes[1].set_title("proxy score (reward model)")
     for ax in axes:
         ax.set_xlabel("PPO iteration")
-    axes[1].legend(fontsize=8); fig.tight_layout(); fig.savefig(os.path.join(adir, "scores.png"), dpi=100)
+    if axes[1].get_legend_handles_labels()[0]:                      # a suite may plot none of these
+        axes[1].legend(fontsize=8)
+    fig.tight_layout(); fig.savefig(os.path.join(adir, "scores.png"), dpi=100)
     plt.close(fig)
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     for i, cond in enumerate(order):
@@ -147,6 +221,16 @@ def plot(rows, adir, order):
     ax.set_xlabel("sqrt(KL to reference), sqrt(nats)"); ax.set_ylabel("gold score, held-out prompts")
     ax.set_title("over-optimisation frontier (Gao et al. 2022)"); ax.legend(fontsize=7)
     fig.tight_layout(); fig.savefig(os.path.join(adir, "frontier.png"), dpi=100); plt.close(fig)
+    moving = [c for c in ("adaptive", "adaptive_fast", "band", "linear_decay") if c in order]
+    if moving:                                                        # β over iterations, first seed of each
+        fig, ax = plt.subplots(figsize=(6.5, 4))
+        for i, cond in enumerate(moving):
+            r = next(r for r in rows if r["condition"] == cond)
+            with open(os.path.join(adir, folder(cond), f"seed{r['seed']}", "metrics.jsonl")) as f:
+                m = [json.loads(line) for line in f]
+            ax.plot([x["iter"] for x in m], [x["objective/kl_coef"] for x in m], color=f"C{i}", label=cond)
+        ax.set_xlabel("PPO iteration"); ax.set_ylabel("β"); ax.set_yscale("log"); ax.legend(fontsize=8)
+        fig.tight_layout(); fig.savefig(os.path.join(adir, "beta.png"), dpi=100); plt.close(fig)
 
 
 def write_examples(cfg, base, adir, order, seed, n=3):
@@ -157,8 +241,8 @@ def write_examples(cfg, base, adir, order, seed, n=3):
     heldout = data.load_prompts(base)["heldout"]
     prompts = heldout[::max(1, len(heldout) // n)][:n]                 # spread over the held-out subjects
     runs = [("pretrained", os.path.join(base, "pretrain.pt"))]
-    runs += [(c, os.path.join(adir, c, f"seed{seed}", "actor.pt")) for c in order
-             if c != "pretrained" and SAME_AS.get(c) not in order]
+    runs += [(c, os.path.join(adir, folder(c), f"seed{seed}", "actor.pt")) for c in order
+             if c != "pretrained" and (c not in SAME_AS or SAME_AS[c] not in order)]
     lines = [f"# What each actor writes (seed {seed}, temperature {run.temperature})\n"]
     for name, path in runs:
         model, _ = load_checkpoint(path, run.device)
@@ -186,8 +270,8 @@ def ablate(opts, rest):
         order = opts["conditions"].split(",")
         seed0 = cfg.run.seed
         jobs = [(c, seed0 + k, rest + CONDITIONS[c], base, os.path.join(adir, c, f"seed{seed0 + k}"),
-                 1 if opts["jobs"] > 1 else 0) for c in order if SAME_AS.get(c) not in order
-                for k in range(opts["seeds"])]
+                 1 if opts["jobs"] > 1 else 0) for c in dict.fromkeys(map(folder, order))
+                for k in range(opts["seeds"])]                  # a SAME_AS condition runs once, in its twin's folder
         t0, rows = time.time(), [baseline_row(cfg, base, seed0)]
         print(f"ablate: {len(jobs)} PPO runs ({opts['jobs']} at a time) into {adir}", flush=True)
         pool = multiprocessing.get_context("spawn").Pool(opts["jobs"], _ignore_sigint) if opts["jobs"] > 1 else None
@@ -200,15 +284,13 @@ def ablate(opts, rest):
         finally:
             if pool:
                 pool.terminate(); pool.join()                 # no orphans, whatever happened
-        for cond, same in SAME_AS.items():                    # identical configuration: same runs, listed twice
-            if cond in order and same in order:
-                rows += [dict(r, condition=cond) for r in rows if r["condition"] == same]
+        rows = rows[:1] + [dict(r, condition=c) for c in order for r in rows[1:] if r["condition"] == folder(c)]
         store.save_json(os.path.join(adir, "results.jsonl"), rows, lines=True)
         order = ["pretrained"] + order
         table = summarise(rows, order)
         store.write_text(os.path.join(adir, "results.md"), f"# ablate.py {' '.join(sys.argv[1:])}\n\n"
-                         f"{len(jobs)} PPO runs, {time.time() - t0:.0f} s in all. Mean ± std over seeds; "
-                         f"held-out prompts.\n\n{table}")
+                         f"{len(jobs)} PPO runs, {time.time() - t0:.0f} s in all. Mean [95 % bootstrap "
+                         f"interval] over the seeds listed; held-out prompts.\n\n{table}")
         plot(rows, adir, order)
         write_examples(cfg, base, adir, order, seed0)
         print(table)

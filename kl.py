@@ -5,8 +5,12 @@ Per response token t, with logp = log π_θ(y_t|s_t) and logp_ref = log π_ref(y
     k2 = ½ (logp - logp_ref)²               biased, never negative, low variance
     k3 = (r - 1) - log r,  r = p_ref / p     unbiased, never negative (Schulman 2020, "Approximating KL")
     full = Σ_v π_θ(v|s_t) (log π_θ(v|s_t) - log π_ref(v|s_t))   exact, from both softmax distributions
+    seq_mean = k1 / L                       the common mistake: summed over the L response tokens it is the *mean*
+                                            log-ratio, a length-normalised "sequence KL" (kept to measure it)
 The actor pays -β·kl_t at every response token (`shaped_rewards`). Unbiased *values* are not unbiased *gradients*:
 as a detached reward only k1 gives the policy gradient of the sequence KL (k3 and full do not; README, claim 4).
+As a loss, k2 and full give only each position's own KL gradient, missing how a token changes the later positions;
+k3 as a loss is the forward KL's gradient, k1 as a loss has expectation 0 (tests/test_estimators.py, by enumeration).
 β comes from a controller with `value` and `update(kl, n)`, where kl is the batch mean of per-sequence summed KL
 and n the number of sequences.
 Left out: KL in the other direction, entropy bonuses (ppo.py has ent_coef), per-token adaptive β.
@@ -24,15 +28,22 @@ class KLConfig:
                       "linear (decay)", choices=["fixed", "adaptive", "band", "linear"])
     init_kl_coef: float = arg(0.05, ">=0", "β at the start (linear: the start value)")
     kl_target: float = arg(6.0, ">0", "adaptive: target KL per sequence, nats; band: the middle of its range")
-    kl_horizon: int = arg(2000, ">0", "adaptive: sequences over which β can move by about 20 %")
+    kl_horizon: int = arg(2000, ">=0", "adaptive: sequences over which β can move by about 20 %; 0 = a tenth of "
+                          "the run's sequences, so that β can move about x7 over any budget")
     band_width: float = arg(0.5, "[0,1)", "band: the range is kl_target x (1 ± band_width)")
     kl_coef_end: float = arg(0.001, ">=0", "linear: β at the end of training")
-    kl_estimator: str = arg("k1", help="per-token KL: k1, k2, k3, or full (exact, from both softmaxes)",
-                            choices=["k1", "k2", "k3", "full"])
+    kl_estimator: str = arg("k1", help="per-token KL: k1, k2, k3, full (exact, from both softmaxes), or seq_mean "
+                            "(k1 / response length: the mean log-ratio, a common mistake)",
+                            choices=["k1", "k2", "k3", "full", "seq_mean"])
     kl_in: str = arg("reward", help="reward (-β·kl per token, detached) or loss (β·Σ_t kl, differentiated)",
                      choices=["reward", "loss"])
-    ref_update: str = arg("frozen", help="frozen (π_ref) or rolling (the penalty's reference is the previous "
-                          "iteration's policy)", choices=["frozen", "rolling"])
+    ref_update: str = arg("frozen", help="the penalty's reference: frozen (π_ref), rolling (the previous "
+                          "iteration's policy), sync (π_ref <- α·π_θ + (1-α)·π_ref every ref_sync_every iterations) "
+                          "or reset (π_ref <- π_θ every ref_reset_every iterations)",
+                          choices=["frozen", "rolling", "sync", "reset"])
+    ref_sync_alpha: float = arg(0.6, "(0,1]", "sync: α, the actor's weight in the new reference (TR-DPO)")
+    ref_sync_every: int = arg(10, ">0", "sync: iterations between soft updates")
+    ref_reset_every: int = arg(20, ">0", "reset: iterations between hard resets to the actor (ProRL)")
 
 
 # ---- per-token estimators (B, R) ----
@@ -58,11 +69,18 @@ def kl_full(logits, logits_ref):
 ESTIMATORS = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
 
 
-def per_token_kl(name, logp, logp_ref, logits=None, logits_ref=None):
-    """The configured estimator on response tokens (B, R); `full` needs the logits. Differentiable in every input,
-    so the same function serves the detached reward and the loss form."""
+def kl_seq_mean(logp, logp_ref, mask):
+    """k1 / L per token (B, R), L the response length: summed over the response it is the mean log-ratio."""
+    return (logp - logp_ref) * mask / mask.sum(1, keepdim=True).clamp(min=1)
+
+
+def per_token_kl(name, logp, logp_ref, logits=None, logits_ref=None, mask=None):
+    """The configured estimator on response tokens (B, R); `full` needs the logits, `seq_mean` the mask (B, R).
+    Differentiable in every input, so the same function serves the detached reward and the loss form."""
     if name == "full":
         return kl_full(logits, logits_ref)
+    if name == "seq_mean":
+        return kl_seq_mean(logp, logp_ref, mask)
     return ESTIMATORS[name](logp, logp_ref)
 
 
@@ -131,7 +149,7 @@ def make_kl_controller(cfg, total_sequences):
     if cfg.kl_ctl == "fixed":
         return FixedKLController(cfg.init_kl_coef)
     if cfg.kl_ctl == "adaptive":
-        return AdaptiveKLController(cfg.init_kl_coef, cfg.kl_target, cfg.kl_horizon)
+        return AdaptiveKLController(cfg.init_kl_coef, cfg.kl_target, cfg.kl_horizon or max(1, total_sequences // 10))
     if cfg.kl_ctl == "band":
         return BandKLController(cfg.init_kl_coef, cfg.kl_target * (1 - cfg.band_width),
                                 cfg.kl_target * (1 + cfg.band_width))

@@ -12,6 +12,10 @@ One iteration (find `# ---- ppo loop ----`), as in lm-human-preferences and TRL:
                 vf_losses = ½ max((V - G)², (vpredclipped - G)²),  vpredclipped = V_old + clip(V - V_old, ±ε_v)
                 actor and critic have separate optimizers and gradient clips: the value loss cannot slow the actor
     β           the controller is fed this rollout's exact KL to the penalty's reference
+    anchor      --ref_update: frozen (π_ref), rolling (the last policy), sync (π_ref <- α·π_θ + (1-α)·π_ref every
+                N iterations, on a copy) or reset (the copy <- π_θ every N iterations); saved in ppo_state.pt
+    ptx         --ptx_coef > 0 adds ptx_coef x the language-model loss on pretraining windows (train.bin) to the
+                actor's loss, as InstructGPT's PPO-ptx does: a second anchor, to the data
     log, save   one metrics dict and log line per iteration; a resumable state every save_interval iterations
 Shapes: B batch, Tp prompt tokens (left-padded), R response tokens, V vocabulary; mask (B, R) is true up to and
 including end-of-text. Names follow lm-human-preferences and TRL: lastgaelam, vpredclipped, pg_losses, whiten.
@@ -20,6 +24,7 @@ Left out: a value head sharing the actor's trunk, reward whitening, early stoppi
 from collections import defaultdict
 from dataclasses import asdict, dataclass
 import os, time
+import numpy as np
 import torch
 from torch.nn import functional as F
 
@@ -49,6 +54,7 @@ class PPOConfig:
     missing_eos_penalty: float = arg(1.0, ">=0", "subtracted from the score of a response without end-of-text")
     save_interval: int = arg(10, ">0", "iterations between resumable checkpoints")
     n_eval: int = arg(200, ">0", "held-out samples in the final evaluation")
+    ptx_coef: float = arg(0.0, ">=0", "γ: weight of the pretraining LM loss (train.bin windows) in the actor's loss")
 
 
 def masked_mean(x, mask):
@@ -128,7 +134,7 @@ def make_experience(actor, critic, ref, pen_ref, rm, query, query_mask, response
     pen_logits = ref_logits if pen_ref is ref else pen_ref.logits(query, query_mask, response, temperature)
     pen_logprobs = token_logprobs(pen_logits, response)                                        # (B, R)
     values = response_values(critic, query, query_mask, response)                              # (B, R)
-    kl = per_token_kl(kl_cfg.kl_estimator, old_logprobs, pen_logprobs, logits, pen_logits)     # (B, R)
+    kl = per_token_kl(kl_cfg.kl_estimator, old_logprobs, pen_logprobs, logits, pen_logits, mask)  # (B, R)
     in_reward = kl if kl_cfg.kl_in == "reward" else torch.zeros_like(kl)       # loss form: the update pays it
     rewards = shaped_rewards(scores, in_reward, mask, beta)                                    # (B, R)
     advantages, returns = compute_gae(rewards, values, mask, cfg.gamma, cfg.lam)               # (B, R) each
@@ -146,8 +152,9 @@ def make_experience(actor, critic, ref, pen_ref, rm, query, query_mask, response
     return batch, info
 
 
-def ppo_update(actor, critic, opts, guards, batch, cfg, temperature, beta=0.0, kl_cfg=None):
+def ppo_update(actor, critic, opts, guards, batch, cfg, temperature, beta=0.0, kl_cfg=None, ptx_batch=None):
     """ppo_epochs passes of shuffled minibatches over one rollout. opts and guards: (actor's, critic's).
+    ptx_batch: with ptx_coef > 0, a function returning pretraining windows (x, y) for each minibatch.
     Returns the mean of each logged statistic, and ratio_dev_first: max |ratio - 1| on the first minibatch,
     which is 0 when the old log-probs come from the policy that sampled the batch."""
     B = batch["response"].size(0)
@@ -168,9 +175,14 @@ def ppo_update(actor, critic, opts, guards, batch, cfg, temperature, beta=0.0, k
             actor_loss = pg_loss - cfg.ent_coef * entropy
             kl_loss = torch.zeros(())
             if kl_cfg is not None and kl_cfg.kl_in == "loss":      # the estimator, differentiated, summed per sequence
-                kl = per_token_kl(kl_cfg.kl_estimator, logprobs, mb["ref_logprobs"], logits, mb.get("ref_logits"))
+                kl = per_token_kl(kl_cfg.kl_estimator, logprobs, mb["ref_logprobs"], logits, mb.get("ref_logits"),
+                                  mask)
                 kl_loss = torch.where(mask, kl, 0.0).sum(1).mean()
                 actor_loss = actor_loss + beta * kl_loss
+            ptx_loss = torch.zeros(())
+            if cfg.ptx_coef > 0:                                     # InstructGPT's pretraining mix
+                _, ptx_loss = actor(*ptx_batch())
+                actor_loss = actor_loss + cfg.ptx_coef * ptx_loss
             vpred = response_values(critic, q, qm, resp)                                        # (b, R)
             vf_loss, vf_clipfrac = value_loss(vpred, mb["values"], mb["returns"], mask, cfg.cliprange_value)
             if not stats["ratio_dev_first"]:
@@ -179,9 +191,23 @@ def ppo_update(actor, critic, opts, guards, batch, cfg, temperature, beta=0.0, k
             guards[0].step(actor_loss, opts[0], actor_params, cfg.max_grad_norm)
             guards[1].step(vf_loss, opts[1], critic_params, cfg.max_grad_norm)
             for k, v in dict(pg_loss=pg_loss, vf_loss=vf_loss, clipfrac=clipfrac, approxkl=approxkl, ratio=ratio,
-                             vf_clipfrac=vf_clipfrac, entropy=entropy, kl_loss=kl_loss).items():
+                             vf_clipfrac=vf_clipfrac, entropy=entropy, kl_loss=kl_loss,
+                             ptx_loss=ptx_loss).items():
                 stats[k].append(v.item())
     return {k: sum(v) / len(v) for k, v in stats.items()}
+
+
+def pretraining_batches(cfg, gen):
+    """A function giving minibatch_size random windows (x, y) of block_size + 1 tokens from out_dir's train.bin,
+    drawn with `gen` (checkpointed with the run)."""
+    d = np.memmap(os.path.join(cfg.run.out_dir, "train.bin"), dtype=np.uint16, mode="r")
+    n, block = cfg.ppo.minibatch_size, cfg.gpt.block_size
+
+    def get():
+        ix = torch.randint(len(d) - block - 1, (n,), generator=gen).tolist()
+        xy = torch.from_numpy(np.stack([d[i:i + block + 1].astype(np.int64) for i in ix])).to(cfg.run.device)
+        return xy[:, :-1], xy[:, 1:]                                                         # (n, T), (n, T)
+    return get
 
 
 def make_optimizers(actor, critic, cfg):
@@ -200,8 +226,10 @@ def train_ppo(actor, critic, ref, rm, enc, prompts, cfg, run_dir, stamp, log=pri
     opts = make_optimizers(actor, critic, pc)
     guards = (StepGuard("PPO (actor)"), StepGuard("PPO (critic)"))
     kl_ctl = make_kl_controller(kc, pc.ppo_iters * pc.rollout_batch)
-    pen_ref = ref                                  # rolling: the previous iteration's policy, replaced every iteration
+    pen_ref = ref                       # the penalty's reference: ref until rolling, sync or reset replaces it
     prompt_gen = torch.Generator().manual_seed(run.seed)
+    ptx_gen = torch.Generator().manual_seed(run.seed + 7)           # its own stream: ptx_coef=0 changes nothing
+    ptx_batch = pretraining_batches(cfg, ptx_gen) if pc.ptx_coef > 0 else None
     metrics, start = [], 0
     state_path, metrics_path = os.path.join(run_dir, "ppo_state.pt"), os.path.join(run_dir, "metrics.jsonl")
     if os.path.exists(state_path):
@@ -216,7 +244,7 @@ def train_ppo(actor, critic, ref, rm, enc, prompts, cfg, run_dir, stamp, log=pri
             if s["pen_ref"] is not None:
                 pen_ref = Reference(actor)
                 pen_ref.model.load_state_dict(s["pen_ref"])
-            prompt_gen.set_state(s["prompt_gen"]); set_rng_states(s["rng"])
+            prompt_gen.set_state(s["prompt_gen"]); ptx_gen.set_state(s["ptx_gen"]); set_rng_states(s["rng"])
             metrics, start = s["metrics"], s["iter"]
             log(f"ppo: resuming from {state_path} after iteration {start}")
         else:
@@ -239,11 +267,15 @@ def train_ppo(actor, critic, ref, rm, enc, prompts, cfg, run_dir, stamp, log=pri
                            "the actor does not start as the reference (a stale ref.pt?); redo with --fresh")
         snapshot = Reference(actor) if kc.ref_update == "rolling" else None     # this iteration's policy, frozen
         # 3. update
-        stats = ppo_update(actor, critic, opts, guards, batch, pc, run.temperature, beta, kc)
-        # 4. β, and the rolling reference moves on
+        stats = ppo_update(actor, critic, opts, guards, batch, pc, run.temperature, beta, kc, ptx_batch)
+        # 4. β, and a moving reference moves on (sync and reset move a copy: the frozen π_ref never changes)
         kl_ctl.update(info["kl_pen"].mean().item(), pc.rollout_batch)
         if snapshot is not None:
             pen_ref = snapshot
+        every = {"sync": kc.ref_sync_every, "reset": kc.ref_reset_every}.get(kc.ref_update)
+        if every and (it + 1) % every == 0:
+            pen_ref = Reference(pen_ref.model) if pen_ref is ref else pen_ref
+            pen_ref.mix(actor, kc.ref_sync_alpha if kc.ref_update == "sync" else 1.0)
         # 5. log
         mask, scores = info["mask"], info["scores"]
         texts = [enc.decode(r[m].tolist()) for r, m in zip(resp.cpu(), mask.cpu())]
@@ -260,6 +292,7 @@ def train_ppo(actor, critic, ref, rm, enc, prompts, cfg, run_dir, stamp, log=pri
                "policy/ratio_dev_first": stats["ratio_dev_first"],
                "policy/skipped_updates": guards[0].skipped + guards[1].skipped,
                "loss/policy_avg": stats["pg_loss"], "loss/value_avg": stats["vf_loss"], "loss/kl_avg": stats["kl_loss"],
+               "loss/ptx_avg": stats["ptx_loss"],
                "val/clipfrac_avg": stats["vf_clipfrac"], "val/ratio": stats["ratio"],
                "val/num_eos_tokens": (~info["truncated"]).float().sum().item(),
                "val/response_length": n_tok / len(resp),
@@ -276,5 +309,6 @@ def train_ppo(actor, critic, ref, rm, enc, prompts, cfg, run_dir, stamp, log=pri
             store.save_torch(dict(stamp=stamp, iter=it + 1, actor=actor.state_dict(), critic=critic.state_dict(),
                                   opts=[o.state_dict() for o in opts], skipped=[g.skipped for g in guards],
                                   kl_ctl=asdict(kl_ctl), pen_ref=None if pen_ref is ref else pen_ref.model.state_dict(),
-                                  prompt_gen=prompt_gen.get_state(), rng=rng_states(), metrics=metrics), state_path)
+                                  prompt_gen=prompt_gen.get_state(), ptx_gen=ptx_gen.get_state(), rng=rng_states(),
+                                  metrics=metrics), state_path)
     return metrics, kl_ctl.value

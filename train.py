@@ -3,6 +3,7 @@
     python train.py                      # every stage not done yet (world, pretrain, ..., ppo, report)
     python train.py --stage=pretrain     # redo one stage (and remove what later stages made from its old outputs)
     python train.py --stage=sample --prompt='review: the nova pro phone\\n'    # the RLHF actor alone
+    python train.py --stage=inspect      # out/inspect.html: each response token coloured by its KL to the reference
     python train.py --preset=smoke       # everything tiny, seconds (the tests use it)
     python train.py --help               # every config field, overridable as --name=value
 
@@ -20,6 +21,7 @@ import torch
 import data, store
 from config import RunConfig, WorldConfig, PretrainConfig, RunError, check, check_world, die, fields, parse_args
 from evaluate import evaluate_policy, judge_texts, plot_metrics, sample_texts, write_report
+from inspect_page import InspectConfig, stage_inspect
 from kl import KLConfig
 from model import (GPT, GPTConfig, StepGuard, adamw, autocast, load_checkpoint, rng_states, save_checkpoint,
                    set_rng_states)
@@ -28,7 +30,7 @@ from ref import Reference
 from reward import RewardConfig, load_scalar_model, make_preferences, save_scalar_model, train_reward_model
 
 GROUPS = dict(run=RunConfig, world=WorldConfig, gpt=GPTConfig, pretrain=PretrainConfig, reward=RewardConfig,
-              kl=KLConfig, ppo=PPOConfig)
+              kl=KLConfig, ppo=PPOConfig, inspect=InspectConfig)
 
 
 def parse(argv):
@@ -246,14 +248,15 @@ STAGES = [
     Stage("preferences", stage_preferences, ["pretrain.pt"] + TOK, ["prefs.jsonl"], _SAMPLING + ["n_pairs"], None),
     Stage("reward", stage_reward, ["pretrain.pt", "prefs.jsonl"], ["reward.pt", "reward.json"],
           ["seed", "dtype"] + _names(RewardConfig), None),
-    Stage("ppo", stage_ppo, ["pretrain.pt", "ref.pt", "reward.pt"] + TOK,
+    Stage("ppo", stage_ppo, ["pretrain.pt", "ref.pt", "reward.pt", "train.bin"] + TOK,   # train.bin: ptx
           ["actor.pt", "metrics.jsonl", "ppo.json", "ppo.png"],
           _SAMPLING + [n for n in _names(KLConfig, PPOConfig) if n != "save_interval"], "ppo_state.pt"),
     Stage("report", stage_report, ["pretrain.pt", "actor.pt", "ref.pt", "reward.pt"] + TOK,
           ["report.md", "report.json"], _SAMPLING + ["n_eval"], None),
 ]
 SAMPLE = Stage("sample", stage_sample, ["actor.pt"] + TOK, [], [], None)
-BY_NAME = {s.name: s for s in STAGES + [SAMPLE]}
+INSPECT = Stage("inspect", stage_inspect, ["pretrain.pt", "ref.pt", "reward.pt"] + TOK, [], [], None)  # inspect.html
+BY_NAME = {s.name: s for s in STAGES + [SAMPLE, INSPECT]}
 
 
 def files(cfg, names):
@@ -281,18 +284,19 @@ def run_stages(cfg, upto=None):
         for n in [n for st in STAGES for n in st.outputs + [st.partial] if n] + ["stages.json", "timings.json"]:
             store.remove(path(cfg, n))
     records = store.load_records(out)
-    if cfg.run.stage == "sample":
-        missing = [n for n in files(cfg, SAMPLE.inputs) if not os.path.exists(path(cfg, n))]
+    if cfg.run.stage in ("sample", "inspect"):                  # read-only stages: nothing recorded
+        st = BY_NAME[cfg.run.stage]
+        missing = [n for n in files(cfg, st.inputs) if not os.path.exists(path(cfg, n))]
         if missing:
-            raise RunError(f"stage sample needs {', '.join(missing)} in {out}: run the stages before it first")
-        todo, kept = [SAMPLE], []
+            raise RunError(f"stage {st.name} needs {', '.join(missing)} in {out}: run the stages before it first")
+        todo, kept = [st], []
     else:
         stages = STAGES[:[s.name for s in STAGES].index(upto) + 1] if upto else STAGES
         todo, kept = store.plan(stages, cfg.run.stage, out, records, lambda st: stamp(cfg, st))
     for name in kept:
         print(f"---- stage {name}: done with this config, kept ----")
     if not todo or todo[0].name != "world":
-        world_ok(cfg, corpus=todo != [SAMPLE])
+        world_ok(cfg, corpus=todo not in ([SAMPLE], [INSPECT]))
     store.save_json(path(cfg, "config.json"), {g: dataclasses.asdict(c) for g, c in vars(cfg).items()})
     timings = store.load_json(path(cfg, "timings.json")) if os.path.exists(path(cfg, "timings.json")) else {}
     for st in todo:

@@ -1,8 +1,10 @@
 """A tiny ablation: every condition runs and reports finite numbers; finished runs are reused; bad options and
 Ctrl-C are one line, and Ctrl-C leaves no worker behind."""
 import math, os, signal, subprocess, sys, time
+import numpy as np
 import pytest
-import ablate, store
+import ablate, store, train
+from config import flat
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -12,12 +14,12 @@ def test_every_condition_appears_with_finite_values_and_finished_runs_are_reused
     ablate.main(argv)
     adir = os.path.join(run, "ablate")
     rows = store.load_json(os.path.join(adir, "results.jsonl"), lines=True)
-    assert {r["condition"] for r in rows} == set(ablate.CONDITIONS) | {"pretrained"}
+    assert {r["condition"] for r in rows} == set(ablate.SUITES["core"]) | {"pretrained"}      # the default suite
     for r in rows:
         for c in ablate.COLUMNS:
             assert math.isfinite(r[c]), (r["condition"], c)
     table = open(os.path.join(adir, "results.md")).read()
-    assert all(f"| {c} |" in table for c in ablate.CONDITIONS)
+    assert all(f"| {c} | 1337 |" in table for c in ablate.SUITES["core"])
     examples = open(os.path.join(adir, "examples.md")).read()
     assert "## pretrained" in examples and "## no_kl" in examples
     no_kl = next(r for r in rows if r["condition"] == "no_kl")
@@ -27,11 +29,55 @@ def test_every_condition_appears_with_finite_values_and_finished_runs_are_reused
     ablate.main(argv)                                                   # same config: every run reused
     assert store.load_json(os.path.join(adir, "results.jsonl"), lines=True) == rows
     assert os.path.getmtime(actor) == mtime
+    twin = os.path.join(adir, "est_k3", "seed1337", "actor.pt")
+    mtime = os.path.getmtime(twin)
+    new = ["est_k1_reward", "est_k3_reward", "est_k2_loss", "est_seq_mean", "ref_sync", "ptx_no_kl", "adaptive_fast"]
+    ablate.main(argv + [f"--conditions={','.join(new)}"])              # SAME_AS twins reuse core's runs
+    again = store.load_json(os.path.join(adir, "results.jsonl"), lines=True)
+    assert [r["condition"] for r in again] == ["pretrained"] + new and os.path.getmtime(twin) == mtime
+    assert not os.path.exists(os.path.join(adir, "est_k3_reward"))
+    assert all(math.isfinite(r[c]) for r in again for c in ablate.COLUMNS)
+    k3 = next(r for r in rows if r["condition"] == "est_k3")
+    assert {k: v for k, v in k3.items() if k != "condition"} == \
+        {k: v for k, v in again[2].items() if k != "condition"}
+
+
+def test_suites_name_known_conditions_and_all_is_their_union():
+    assert all(c in ablate.CONDITIONS for suite in ablate.SUITES.values() for c in suite)
+    assert set(ablate.SUITES["all"]) == set().union(*(ablate.SUITES[s] for s in ablate.SUITES if s != "all"))
+    for c, twin in ablate.SAME_AS.items():                              # twins have the very same config
+        assert flat(train.parse(ablate.CONDITIONS[c])) == flat(train.parse(ablate.CONDITIONS[twin])), c
+    opts, rest = ablate.parse(["--suite=all", "--preset=smoke"])       # every condition's flags parse
+    assert opts["conditions"].split(",") == ablate.SUITES["all"]
+
+
+def test_bootstrap_interval_on_known_cases():
+    mean, lo, hi = ablate.bootstrap_ci([2.0, 2.0, 2.0])
+    assert mean == lo == hi == 2.0
+    rng = np.random.default_rng(5)
+    x = rng.normal(1.0, 2.0, 400)
+    mean, lo, hi = ablate.bootstrap_ci(x)                              # the normal interval: mean ± 1.96 σ/√n
+    half = 1.96 * x.std() / np.sqrt(len(x))
+    assert lo == pytest.approx(mean - half, abs=0.03) and hi == pytest.approx(mean + half, abs=0.03)
+    assert ablate.bootstrap_ci(x) == (mean, lo, hi)                     # a fixed seed: the same table every time
+    m, lo3, hi3 = ablate.bootstrap_ci([1.0, 2.0, 6.0])
+    assert (m, lo3, hi3) == (3.0, 1.0, 6.0)         # 3 seeds: each extreme resample has mass 1/27 > 2.5 %: [min, max]
+
+
+def test_paired_differences_and_not_separated():
+    rows = [dict(condition=c, seed=s, gold_mean=g) for c, s, g in
+            [("adaptive", 1, 0.0), ("adaptive", 2, 1.0), ("adaptive", 3, 2.0),
+             ("a", 1, 0.5), ("a", 2, 1.5), ("a", 3, 2.5),                # +0.5 on every seed: separated
+             ("b", 1, 1.0), ("b", 2, 0.0), ("b", 3, 2.0), ("b", 4, 9.0)]]   # +1, -1, 0: crosses 0; seed 4 unpaired
+    a, b = ablate.paired_ci(rows, "a", "adaptive", "gold_mean"), ablate.paired_ci(rows, "b", "adaptive", "gold_mean")
+    assert a == (0.5, 0.5, 0.5, 3) and "not separated" not in ablate.verdict(a)
+    assert b[0] == 0.0 and b[1] < 0 < b[2] and b[3] == 3 and ablate.verdict(b).endswith("not separated")
 
 
 @pytest.mark.parametrize("argv, message", [(["--conditions=no_kl,magic"], "unknown condition"),
                                            (["--conditions=no_kl,no_kl"], "twice"), (["--seeds=0"], ">= 1"),
-                                           (["--seeds=x"], "bad value"), (["--ppo_iters=0"], "--ppo_iters")])
+                                           (["--seeds=x"], "bad value"), (["--ppo_iters=0"], "--ppo_iters"),
+                                           (["--suite=nope"], "unknown suite")])
 def test_bad_options_are_a_clear_error(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
         ablate.main(argv)

@@ -1,0 +1,132 @@
+"""The token-by-token page: which tokens the reference pulls back.
+
+    python train.py --stage=inspect                        # out/inspect.html, the main run's RLHF actor
+    python train.py --stage=inspect --inspect_actor=out/ablate/no_kl/seed1337/actor.pt    # -> that folder's page
+
+For a few held-out prompts, the pretrained model and the RLHF actor each answer (same sampling noise). Every
+response token is coloured by its KL to the frozen reference, twice: k1 = log π_θ(y_t) - log π_ref(y_t) of the
+sampled token (red above 0, blue below) and the exact per-position KL over the vocabulary (kl.kl_full). Hovering a
+token shows both numbers and the actor's and the reference's top-5 next tokens with their probabilities; a
+table under each response lists the same. Gold (the simulated human) and proxy (the reward model) scores head each
+response. One self-contained file: inline CSS, no scripts, no fonts, no images.
+Named inspect_page.py, not inspect.py: a top-level inspect.py would shadow Python's own `inspect` module.
+Left out: the token's advantage from the last PPO batch (the critic is not saved after PPO), interactive plots.
+"""
+from dataclasses import dataclass
+import html, os
+import torch
+
+import data, store
+from config import RunError, arg
+from kl import kl_full
+from model import encode_prompts, load_checkpoint, response_logits, response_mask, token_logprobs, join_tokens
+from ref import Reference
+from reward import load_scalar_model, score as reward_score
+
+
+@dataclass
+class InspectConfig:
+    inspect_actor: str = arg("", help="inspect stage: the actor.pt to show (default: out_dir's actor.pt)")
+    inspect_n: int = arg(6, ">0", "inspect stage: held-out prompts on the page")
+
+
+SCALE = 1.0                     # nats at which a token's colour is full
+
+
+@torch.no_grad()
+def token_rows(model, ref, enc, prompt, response, temperature):
+    """Per response token (up to end-of-text): its id and text, k1 and exact KL to the reference, and the top-5
+    next tokens (text, probability) of the model and of the reference at that position."""
+    q, qm = encode_prompts(enc, [prompt])                                                    # (1, Tp)
+    resp = torch.tensor([response])                                                          # (1, R)
+    mask = response_mask(resp, enc.eot_token)[0]                                             # (R,)
+    logits = response_logits(model, q, qm, resp, temperature)                                # (1, R, V)
+    ref_logits = ref.logits(q, qm, resp, temperature)                                        # (1, R, V)
+    k1 = (token_logprobs(logits, resp) - token_logprobs(ref_logits, resp))[0]                # (R,)
+    exact = kl_full(logits, ref_logits)[0]                                                   # (R,)
+
+    def top5(lg):                                                                            # lg (V,)
+        p, i = lg.softmax(-1).topk(5)
+        return [(enc.decode([j]), q) for q, j in zip(p.tolist(), i.tolist())]
+    return [dict(id=response[t], text=enc.decode([response[t]]), k1=k1[t].item(), kl=exact[t].item(),
+                 actor_top=top5(logits[0, t]), ref_top=top5(ref_logits[0, t])) for t in range(int(mask.sum()))]
+
+
+def shown(text):
+    return html.escape(text.replace(data.EOT, "⏎eot").replace("\n", "↵"))
+
+
+def colour(v, signed):
+    a = min(1.0, abs(v) / SCALE)
+    return f"rgba(40,90,220,{a:.3f})" if signed and v < 0 else f"rgba(220,40,40,{a:.3f})"
+
+
+def token_span(r, key):
+    tops = lambda xs: ", ".join(f"{shown(s)!s} {p:.3f}" for s, p in xs)
+    title = (f"k1 {r['k1']:+.4f} | exact {r['kl']:.4f}&#10;actor: {tops(r['actor_top'])}&#10;"
+             f"reference: {tops(r['ref_top'])}")
+    return (f'<span class="t" style="background:{colour(r[key], key == "k1")}" data-tok="{r["id"]}" '
+            f'data-k1="{r["k1"]:.6f}" data-kl="{r["kl"]:.6f}" title="{title}">{shown(r["text"])}</span>')
+
+
+def response_block(name, model_path, prompt, rows, gold, proxy):
+    tops = lambda xs: "<br>".join(f"{shown(s)} {p:.3f}" for s, p in xs)
+    table = "".join(f"<tr><td>{t}</td><td>{shown(r['text'])}</td><td>{r['k1']:+.4f}</td><td>{r['kl']:.4f}</td>"
+                    f"<td>{tops(r['actor_top'])}</td><td>{tops(r['ref_top'])}</td></tr>" for t, r in enumerate(rows))
+    return (f'<div class="resp" data-model="{html.escape(model_path)}" data-prompt="{html.escape(prompt)}">'
+            f'<h3>{html.escape(name)}: gold {gold:+.2f}, proxy {proxy:+.2f}, '
+            f'KL {sum(r["kl"] for r in rows):.2f} nats (k1 sum {sum(r["k1"] for r in rows):+.2f})</h3>'
+            f'<p class="line"><b>exact</b> {"".join(token_span(r, "kl") for r in rows)}</p>'
+            f'<p class="line"><b>k1</b> {"".join(token_span(r, "k1") for r in rows)}</p>'
+            f'<details><summary>per token</summary><table><tr><th>t</th><th>token</th><th>k1</th><th>exact KL</th>'
+            f'<th>actor top-5</th><th>reference top-5</th></tr>{table}</table></details></div>')
+
+
+CSS = ("body{font-family:sans-serif;max-width:70em;margin:2em auto;line-height:1.6}"
+       ".t{font-family:monospace;white-space:pre;padding:1px 0}.line b{display:inline-block;width:4em}"
+       ".resp{border-left:3px solid #ccc;padding-left:1em;margin:1em 0}table{border-collapse:collapse;"
+       "font-size:80%}td,th{border:1px solid #ddd;padding:2px 6px;vertical-align:top;font-family:monospace}")
+
+
+def write_page(path, title, blocks, note):
+    page = (f"<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
+            f"<style>{CSS}</style></head><body><h1>{html.escape(title)}</h1><p>{note}</p>{''.join(blocks)}"
+            f"</body></html>\n")
+    store.write_text(path, page)
+    return page
+
+
+def stage_inspect(cfg, stamp):
+    run, n = cfg.run, cfg.inspect.inspect_n
+    out = run.out_dir
+    actor_path = cfg.inspect.inspect_actor or os.path.join(out, "actor.pt")
+    if not os.path.exists(actor_path):
+        raise RunError(f"--inspect_actor={actor_path} does not exist")
+    enc = data.load_tokenizer(out, cfg.world.tokenizer)
+    pre, _ = load_checkpoint(os.path.join(out, "pretrain.pt"), run.device)
+    ref = Reference(load_checkpoint(os.path.join(out, "ref.pt"), run.device)[0])
+    rm, _ = load_scalar_model(os.path.join(out, "reward.pt"), run.device)
+    actor, _ = load_checkpoint(actor_path, run.device)
+    heldout = data.load_prompts(out)["heldout"]
+    prompts = heldout[::max(1, len(heldout) // n)][:n]                 # spread over the held-out subjects
+    blocks = []
+    for name, model, mpath in (("pretrained", pre, os.path.join(out, "pretrain.pt")),
+                               (f"RLHF actor ({actor_path})", actor, actor_path)):
+        torch.manual_seed(run.seed + 2)                                 # the same sampling noise for both
+        q, qm = (x.to(run.device) for x in encode_prompts(enc, prompts))
+        resp, _ = model.eval().generate(q, run.response_length, run.temperature, eos=enc.eot_token, mask=qm)
+        mask = response_mask(resp, enc.eot_token)
+        proxy = reward_score(rm, join_tokens(q, qm, resp, mask), enc.eot_token).tolist()
+        for i, p in enumerate(prompts):
+            tokens = resp[i][mask[i]].tolist()
+            rows = token_rows(model, ref, enc, p, tokens, run.temperature)
+            gold = data.gold_score(p, enc.decode(tokens))
+            blocks.append((i, f'<h2>{shown(p.strip())}</h2>' if name == "pretrained" else "",
+                           response_block(name, mpath, p, rows, gold, proxy[i])))
+    blocks = [h + b for _, h, b in sorted(blocks, key=lambda x: x[0])]   # per prompt: pretrained, then RLHF
+    note = (f"Held-out prompts, temperature {run.temperature}. Colour: KL to the frozen reference per token, full "
+            f"at {SCALE} nat (red: the actor likes the token more than the reference; blue, k1 only: less). "
+            "Hover a token for both numbers and the top-5 next tokens of the actor and the reference.")
+    path = os.path.join(os.path.dirname(actor_path) if cfg.inspect.inspect_actor else out, "inspect.html")
+    write_page(path, "tether: which tokens the reference pulls back", blocks, note)
+    print(f"inspect: {len(prompts)} prompts, pretrained and RLHF actor -> {path}")

@@ -1,0 +1,160 @@
+"""Where the KL goes, exactly: every estimator as a detached reward and as a loss, on a tiny autoregressive policy
+whose sequences are all enumerated, so each expected gradient is computed exactly (weights π(y), no sampling).
+
+The policy: vocabulary {0, 1, 2}, token 2 is end-of-text, at most 3 tokens; its logits are free parameters, one
+vector per prefix (a tabular policy). The reference is another such table. The quantity the penalty stands for is
+the sequence-level KL(π_θ‖π_ref) = Σ_y π(y) log π(y)/π_ref(y); its gradient by autograd is the truth.
+The per-token penalties go through the functions PPO runs: kl.per_token_kl on model.token_logprobs, the reward form
+through kl.shaped_rewards and ppo.compute_gae (values 0, λ = 1: the advantages are the returns), the loss form
+summed over the response as ppo_update sums it.
+"""
+import itertools
+import pytest
+import torch
+from kl import kl_full, per_token_kl, shaped_rewards
+from model import response_mask, token_logprobs
+from ppo import compute_gae
+
+V, EOS = 3, 2
+
+
+def responses(T):
+    """Every distinct response (B, T): stops at the first end-of-text, padded after it with end-of-text."""
+    out = []
+    for n in range(1, T + 1):
+        for body in itertools.product([t for t in range(V) if t != EOS], repeat=n - 1):
+            out.append(list(body) + [EOS] * (T - n + 1))              # ends with end-of-text at position n-1
+    out += [list(b) for b in itertools.product([0, 1], repeat=T)]      # truncated: no end-of-text
+    resp = torch.tensor(out)                                          # (B, T)
+    prefixes = {p: i for i, p in enumerate(sorted({tuple(r[:t].tolist()) for r in resp for t in range(T)}))}
+    idx = torch.tensor([[prefixes[tuple(r[:t].tolist())] for t in range(T)] for r in resp])   # (B, T) prefix row
+    return resp, response_mask(resp, EOS), idx, len(prefixes)
+
+
+RESP, MASK, IDX, N_PREFIX = responses(3)
+
+
+def policy(seed, n=N_PREFIX, scale=1.5):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, V, generator=g) * scale                     # (prefixes, V) logits per prefix
+
+
+def forward(theta, ref, w):
+    resp, mask, idx, _ = w
+    logits, logits_ref = theta[idx], ref[idx]                          # (B, T, V)
+    return logits, logits_ref, token_logprobs(logits, resp), token_logprobs(logits_ref, resp), mask
+
+
+def true_gradient(theta, ref, w=(RESP, MASK, IDX, N_PREFIX)):
+    _, _, logp, logp_ref, mask = forward(theta, ref, w)
+    seq_logp, seq_logp_ref = (logp * mask).sum(1), (logp_ref * mask).sum(1)          # (B,) log π(y), log π_ref(y)
+    assert torch.allclose(seq_logp.exp().sum(), torch.tensor(1.0))    # the enumeration covers every response
+    kl_seq = (seq_logp.exp() * (seq_logp - seq_logp_ref)).sum()
+    return torch.autograd.grad(kl_seq, theta)[0]
+
+
+def reward_form(name, theta, ref, gamma=1.0, w=(RESP, MASK, IDX, N_PREFIX)):
+    """E_y[Σ_t ∇log π(y_t|s_t) · A_t] where the rewards are -kl_t (detached), A the GAE advantages with values 0 and
+    λ = 1 (the return from t on; with γ = 0 each token's own penalty). Returns ∇ of the expected penalty."""
+    logits, logits_ref, logp, logp_ref, mask = forward(theta, ref, w)
+    with torch.no_grad():
+        kl = per_token_kl(name, logp, logp_ref, logits, logits_ref, mask)            # (B, T)
+        rewards = shaped_rewards(torch.zeros(len(mask)), kl, mask, beta=1.0)        # -kl_t, score 0
+        advantages, _ = compute_gae(rewards, torch.zeros_like(rewards), mask, gamma, 1.0)
+        weight = (logp * mask).sum(1).exp()                                          # (B,) π(y), not differentiated
+    surrogate = (weight[:, None] * advantages * logp * mask).sum()                   # expected policy gradient
+    return -torch.autograd.grad(surrogate, theta)[0]                                 # the penalty's, not the reward's
+
+
+def loss_form(name, theta, ref, w=(RESP, MASK, IDX, N_PREFIX)):
+    """E_y[∇ Σ_t kl_t(y)]: the estimator differentiated, summed over the response (ppo_update's kl_in=loss)."""
+    logits, logits_ref, logp, logp_ref, mask = forward(theta, ref, w)
+    kl = per_token_kl(name, logp, logp_ref, logits, logits_ref, mask)                # (B, T)
+    weight = (logp * mask).sum(1).exp().detach()                                     # sampled from π_θ
+    return torch.autograd.grad((weight * torch.where(mask, kl, 0.0).sum(1)).sum(), theta)[0]
+
+
+@pytest.fixture(params=[0, 1, 2])
+def pair(request):
+    theta = policy(10 + request.param).requires_grad_(True)
+    return theta, policy(20 + request.param)
+
+
+def close(a, b):
+    return torch.allclose(a, b, atol=1e-6, rtol=1e-5)
+
+
+def far(a, b):
+    return (a - b).norm() > 0.05 * b.norm()                           # a clear margin, not rounding
+
+
+def test_the_enumeration_is_every_response_once():
+    assert len(RESP) == 1 + 2 + 4 + 8 and len({tuple(r) for r in RESP.tolist()}) == len(RESP)
+
+
+def test_k1_in_the_reward_is_the_true_gradient(pair):
+    theta, ref = pair
+    g = true_gradient(theta, ref)
+    assert g.norm() > 0.1
+    assert close(reward_form("k1", theta, ref), g)
+
+
+def test_other_estimators_in_the_reward_are_biased(pair):
+    theta, ref = pair
+    g = true_gradient(theta, ref)
+    for name in ("k2", "k3", "full", "seq_mean"):
+        assert far(reward_form(name, theta, ref), g), name
+
+
+def test_k1_as_a_loss_has_zero_expected_gradient(pair):
+    theta, ref = pair
+    assert close(loss_form("k1", theta, ref), torch.zeros_like(theta))
+
+
+def test_k2_as_a_loss_is_k1_in_the_reward_with_per_token_credit_only(pair):
+    """k2's gradient is k1_t ∇log π_t: k1 as a reward credited to its own token only (γ = 0), which is also the
+    full KL as a loss. With more than one step that is not the sequence KL's gradient: it misses the later terms."""
+    theta, ref = pair
+    k2 = loss_form("k2", theta, ref)
+    assert close(k2, reward_form("k1", theta, ref, gamma=0.0))
+    assert close(k2, loss_form("full", theta, ref))
+    assert far(k2, true_gradient(theta, ref))
+
+
+def test_k2_as_a_loss_is_the_true_gradient_for_a_single_step():
+    """The bandit case (one token) is where 'k2 as a loss = k1 in the reward = the KL's gradient' is exact."""
+    w = responses(1)
+    theta, ref = policy(3, w[3]).requires_grad_(True), policy(4, w[3])
+    g = true_gradient(theta, ref, w)
+    assert g.norm() > 0.1
+    assert close(loss_form("k2", theta, ref, w), g) and close(reward_form("k1", theta, ref, w=w), g)
+    assert far(loss_form("k3", theta, ref, w), g)
+
+
+def test_k3_as_a_loss_is_biased(pair):
+    """GRPO's form: the gradient of k3 is (1 - π_ref/π) ∇log π, whose expectation is the forward KL's, not ours."""
+    theta, ref = pair
+    g = true_gradient(theta, ref)
+    k3 = loss_form("k3", theta, ref)
+    assert far(k3, g) and far(k3, loss_form("k2", theta, ref))
+    logits, logits_ref, logp, _, mask = forward(theta, ref, (RESP, MASK, IDX, N_PREFIX))
+    forward_kl = kl_full(logits_ref, logits)                          # (B, T) KL(π_ref‖π_θ) at each position
+    weight = (logp * mask).sum(1).exp().detach()
+    expect = torch.autograd.grad((weight * torch.where(mask, forward_kl, 0.0).sum(1)).sum(), theta)[0]
+    assert close(k3, expect)                                          # each position's forward-KL gradient
+
+
+def test_a_per_token_loss_needs_the_reward_term_for_the_later_positions(pair):
+    """∇E[Σ_t KL_t(s_t)] = E[Σ_t ∇KL_t] (full as a loss) + E[Σ_t ∇log π_t · Σ_{t'≥t} KL_t'] (full as a reward):
+    the loss alone misses how a token changes the states after it; both together are exact."""
+    theta, ref = pair
+    g = true_gradient(theta, ref)
+    assert far(loss_form("full", theta, ref), g)
+    assert close(loss_form("full", theta, ref) + reward_form("full", theta, ref), g)
+
+
+def test_the_mean_over_the_response_is_not_the_sequence_kl(pair):
+    theta, ref = pair
+    g = true_gradient(theta, ref)
+    assert far(reward_form("seq_mean", theta, ref), g)
+    assert far(loss_form("seq_mean", theta, ref) + reward_form("seq_mean", theta, ref), g)
