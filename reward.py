@@ -17,7 +17,7 @@ from torch.nn import functional as F
 from config import arg
 from model import (GPT, GPTConfig, StepGuard, adamw, encode_prompts, join_tokens, pad_left, response_hidden,
                    response_mask)
-import data, store
+import data, dist, store
 
 
 @dataclass
@@ -109,6 +109,7 @@ def train_reward_model(lm, pairs, cfg, pad_id, seed=0, log=print):
     n_val = max(1, int(len(pairs) * cfg.rm_val_frac))
     val, tr = [pairs[i] for i in order[:n_val]], [pairs[i] for i in order[n_val:]]
     rm = from_pretrained(lm, cfg.rm_layers)
+    dist.seed_rank(seed)                                    # torchrun: each rank its own dropout
     rm.train()
     opt = adamw(rm.parameters(), cfg.rm_lr, weight_decay=0.0)
     steps = cfg.rm_epochs * ((len(tr) + cfg.rm_batch_size - 1) // cfg.rm_batch_size)
@@ -122,7 +123,9 @@ def train_reward_model(lm, pairs, cfg, pad_id, seed=0, log=print):
         batches = [perm[i:i + cfg.rm_batch_size] for i in range(0, len(tr), cfg.rm_batch_size)]
         losses = []
         for b in rng.permutation(len(batches)):
-            mb = [tr[j] for j in batches[b]]
+            if len(batches[b]) < dist.world():              # torchrun: a share for every rank, or no step anywhere
+                continue
+            mb = [tr[j] for j in batches[b][dist.rank()::dist.world()]]        # torchrun: this rank's share
             r = score(rm, [p["chosen"] for p in mb] + [p["rejected"] for p in mb], pad_id)   # (2b,)
             loss = bt_loss(r[:len(mb)], r[len(mb):])
             guard.step(loss, opt, list(rm.parameters()), 1.0)
