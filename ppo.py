@@ -15,6 +15,8 @@ One iteration (find `# ---- ppo loop ----`), as in lm-human-preferences and TRL:
     log, save   one metrics dict and log line per iteration; a resumable state every save_interval iterations
 Shapes: B batch, Tp prompt tokens (left-padded), R response tokens, V vocabulary; mask (B, R) is true up to and
 including end-of-text. Names follow lm-human-preferences and TRL: lastgaelam, vpredclipped, pg_losses, whiten.
+Under torchrun (dist.py) each rank samples its share of rollout_batch and trains on minibatches of its share of
+minibatch_size; gradients are averaged, advantages whitened and β fed with statistics over all ranks, metrics reduced.
 Left out: a value head sharing the actor's trunk, reward whitening, early stopping on approx-KL.
 """
 from collections import defaultdict

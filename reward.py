@@ -4,7 +4,8 @@ Preference data (`make_preferences`, train.py's `preferences` stage): for random
 sampled from the pretrained model, labelled by the world's noisy annotator (data.label_pair). The model is trained
 with the Bradley-Terry loss  -log σ(r_chosen - r_rejected)  on the score read at the last real token, in batches of
 pairs of about the same length, then normalised (gain, bias) so that responses of the pretrained policy score mean 0,
-std 1. The critic (ppo.py) is a copy of this model. Run via `python train.py --stage=reward`.
+std 1. The critic (ppo.py) is a copy of this model. Run via `python train.py --stage=reward`. Under torchrun each
+rank trains on its share of every batch of pairs (dist.py); the scalar is computed in fp32 even under bf16.
 Left out: ensembles, margin losses, reward-model uncertainty.
 """
 import copy, random
@@ -69,7 +70,8 @@ class ScalarModel(nn.Module):
         return self.from_hidden(self.trunk.hidden(idx, mask))                     # (B, T)
 
     def from_hidden(self, h):
-        return self.head(h).squeeze(-1) * self.gain + self.bias                   # (B, T, C) -> (B, T)
+        with torch.autocast(h.device.type, enabled=False):    # fp32 even under --dtype=bf16: a bf16 score keeps
+            return self.head(h.float()).squeeze(-1) * self.gain + self.bias   # (B, T)  3 digits and ties pairs
 
 
 def response_values(critic, query, query_mask, response):
