@@ -294,7 +294,11 @@ TRAINING = {"pretrain", "reward", "ppo"}        # torchrun: every rank runs thes
 
 def follow_stages(cfg):
     """torchrun, ranks other than 0: rank 0's plan, taking part in its training stages, in step with it."""
-    for name in dist.broadcast_object(None):
+    try:
+        plan = dist.broadcast_object(None)
+    except RuntimeError:                                 # rank 0 stopped before it had a plan; its line says why
+        sys.exit(1)
+    for name in plan:
         st = BY_NAME[name]
         if name in TRAINING:
             seed_everything(cfg.run.seed)
