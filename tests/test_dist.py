@@ -88,6 +88,36 @@ def ppo_update(actor, critic, opts, batch, cfg):
     ppo.ppo_update(actor, critic, opts, guards, batch, cfg, 0.8, 0.2, KL_CFG)
 
 
+class Letters:
+    """A stand-in tokenizer for train_ppo: letters a.. as ids 1.., end-of-text 0."""
+    eot_token = 0
+
+    def encode_ordinary(self, text):
+        return [1 + (ord(c) - 97) % 40 for c in text]
+
+    def decode(self, ids):
+        return "".join(chr(96 + i) for i in ids)
+
+
+def ppo_loop(out, monkeypatch_fed):
+    """train_ppo itself, 3 iterations on the tiny models; returns (what the β controller was fed, metrics rows)."""
+    _, ref, critic, rm = models()
+    actor = copy.deepcopy(ref.model).requires_grad_(True)                 # PPO starts at the reference
+    cfg = train.parse(["--preset=smoke", "--ppo_iters=3", "--rollout_batch=8", "--minibatch_size=4",
+                       "--response_length=8", "--ppo_lr=1e-2", "--kl_horizon=10", "--device=cpu"])
+    fed, make = [], ppo.make_kl_controller
+
+    def recording(*a):
+        ctl = make(*a)
+        update = ctl.update
+        ctl.update = lambda kl, n: (fed.append(kl), update(kl, n))
+        return ctl
+    monkeypatch_fed(recording)
+    metrics, _ = ppo.train_ppo(actor, critic.requires_grad_(True), ref, rm, Letters(), ["abc", "de", "fghij", "k"],
+                               cfg, out, dict(test=1), log=lambda s: None)
+    return fed, metrics
+
+
 def _worker(rank, port, out):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                       WORLD_SIZE=str(N))
@@ -99,6 +129,7 @@ def _worker(rank, port, out):
     xw, mw = whiten_data()
     res["whiten"] = ppo.whiten(xw[share(6)], mw[share(6)])
     res["ppo"] = ppo_iteration(share(4), PPO_CFG.minibatch_size // N)
+    res["fed"], res["metrics"] = ppo_loop(out, lambda f: setattr(ppo, "make_kl_controller", f))
     torch.save(res, os.path.join(out, f"rank{rank}.pt"))
     dist.close()
 
@@ -162,7 +193,7 @@ def test_torchrun_runs_every_stage_and_writes_what_one_process_writes(run, tmp_p
     rows = store.load_json(os.path.join(out, "metrics.jsonl"), lines=True)
     assert len(rows) == 2 and rows[0]["objective/kl"] == 0 and rows[1]["objective/kl"] > 0
     assert all(r["policy/ratio_dev_first"] < 1e-5 for r in rows)           # old log-probs: each rank's own policy
-    cfg = train.parse(["--preset=smoke"])                                  # β from the KL over both ranks' rollouts
+    cfg = train.parse(["--preset=smoke"])                                  # β moved for all 16 rollouts, not 8
     e = min(max(rows[0]["objective/kl_penalized"] / cfg.kl.kl_target - 1, -0.2), 0.2)
     assert rows[1]["objective/kl_coef"] == pytest.approx(cfg.kl.init_kl_coef * (1 + e * 16 / cfg.kl.kl_horizon))
     assert rows[0]["val/num_eos_tokens"] + 16 * rows[0]["objective/missing_eos"] == pytest.approx(16)   # all 16
@@ -210,3 +241,13 @@ def test_the_gpu_preset_model_runs_forward_and_backward_in_bf16():
         assert ScalarModel(model)(x).dtype == torch.float32                # rewards and values in fp32
     loss.backward()
     assert all(p.grad.dtype == torch.float32 and torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+def test_the_ppo_loop_feeds_every_rank_s_controller_the_kl_over_all_ranks(ranks):
+    """train_ppo on 2 ranks: each controller is fed the same number, the logged mean over both ranks' rollouts,
+    so β is the same everywhere; the logged rows are the same on both ranks (reduced before logging)."""
+    assert ranks[0]["fed"] == ranks[1]["fed"]
+    assert ranks[0]["fed"] == pytest.approx([r["objective/kl_penalized"] for r in ranks[0]["metrics"]], rel=1e-6)
+    assert ranks[0]["fed"][-1] > 0                                         # the policy moved: a KL to agree on
+    no_time = lambda rows: [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
+    assert no_time(ranks[0]["metrics"]) == no_time(ranks[1]["metrics"])
