@@ -1,8 +1,8 @@
 """Data parallelism on the CPU (gloo, 2 processes) against one process on the union of the ranks' data: a
 pretraining step and a PPO iteration (make_experience + ppo_update) end with the same parameters, whitening uses the
-statistics of the union; `torchrun --nproc_per_node=2 train.py` writes what `python train.py` writes. Also the gpu
-preset: its config passes the checks and its model runs forward and backward in bf16 (a reduced batch, on the CPU)."""
-import copy, json, os, socket, subprocess, sys
+statistics of the union; train_ppo feeds both ranks' β controllers the KL over both; `torchrun --nproc_per_node=2
+train.py` writes what `python train.py` writes. Also the gpu preset: its config passes the checks and its model runs forward and backward in bf16 (a reduced batch, on the CPU)."""
+import copy, os, socket, subprocess, sys
 import pytest
 import torch
 import torch.multiprocessing as mp
@@ -79,13 +79,8 @@ def ppo_iteration(rows, minibatch_size):
     batch, _ = ppo.make_experience(actor, critic, ref, ref, rm, q, qm, resp, EOS, 0.2, KL_CFG, PPO_CFG, 0.8)
     opts = ppo.make_optimizers(actor, critic, PPO_CFG)
     cfg = ppo.PPOConfig(**{**PPO_CFG.__dict__, "minibatch_size": minibatch_size})
-    ppo_update(actor, critic, opts, batch, cfg)
+    ppo.ppo_update(actor, critic, opts, (StepGuard("actor"), StepGuard("critic")), batch, cfg, 0.8, 0.2, KL_CFG)
     return dict(actor=actor.state_dict(), critic=critic.state_dict(), advantages=batch["advantages"])
-
-
-def ppo_update(actor, critic, opts, batch, cfg):
-    guards = (StepGuard("actor"), StepGuard("critic"))
-    ppo.ppo_update(actor, critic, opts, guards, batch, cfg, 0.8, 0.2, KL_CFG)
 
 
 class Letters:
