@@ -6,7 +6,8 @@ so a prompt scores the same alone or padded inside a batch.
 Shapes: B batch, T tokens, C channels, V vocabulary, H heads.
 Also here: the sequence conventions every stage shares (`encode_prompts`, `response_mask`, `join_tokens`) and
 checkpoints (written atomically, loaded with weights_only=True onto the chosen device).
-Left out: custom kernels, weight decay groups per parameter type, mixed precision.
+Mixed precision is bf16 autocast (`autocast`, --dtype=bf16), around whole stages.
+Left out: custom kernels, weight decay groups per parameter type, fp16 with loss scaling.
 """
 from dataclasses import dataclass, asdict
 import math
@@ -15,7 +16,7 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from config import arg, RunError
-import store
+import dist, store
 
 
 @dataclass
@@ -177,10 +178,11 @@ class StepGuard:
 
     def step(self, loss, opt, params, max_norm):
         opt.zero_grad(set_to_none=True)
-        ok = bool(torch.isfinite(loss))
-        if ok:
+        ok = dist.all_ranks(bool(torch.isfinite(loss)))     # torchrun: all ranks step or skip together, else the
+        if ok:                                              # gradient all-reduce below would wait forever
             loss.backward()
-            ok = bool(torch.isfinite(torch.nn.utils.clip_grad_norm_(params, max_norm)))
+            dist.average_gradients(params)                  # torchrun: the mean over ranks (no-op in 1 process)
+            ok = bool(torch.isfinite(torch.nn.utils.clip_grad_norm_(params, max_norm)))   # same on every rank
         if ok:
             opt.step()
             self.in_a_row = 0
@@ -191,6 +193,13 @@ class StepGuard:
             raise RunError(f"{self.what} diverged: {self.in_a_row} steps in a row with a non-finite loss or "
                            "gradient (lower the learning rate)", 1)
         return False
+
+
+def autocast(device, dtype):
+    """The precision of every forward in a stage: bf16 autocast, or fp32 (a no-op). One setting for the rollout, the
+    old log-probs, the reference and the update, so the first ratio is 1 and the first KL 0. Weights, gradients and
+    optimizer states stay fp32, and log-probs are taken in fp32 (response_logits), so no loss scaling is needed."""
+    return torch.autocast(device.split(":")[0], torch.bfloat16, enabled=dtype == "bf16")
 
 
 def rng_states():

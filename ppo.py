@@ -19,16 +19,18 @@ One iteration (find `# ---- ppo loop ----`), as in lm-human-preferences and TRL:
     log, save   one metrics dict and log line per iteration; a resumable state every save_interval iterations
 Shapes: B batch, Tp prompt tokens (left-padded), R response tokens, V vocabulary; mask (B, R) is true up to and
 including end-of-text. Names follow lm-human-preferences and TRL: lastgaelam, vpredclipped, pg_losses, whiten.
+Under torchrun (dist.py) each rank samples its share of rollout_batch and trains on minibatches of its share of
+minibatch_size; gradients are averaged, advantages whitened and β fed with statistics over all ranks, metrics reduced.
 Left out: a value head sharing the actor's trunk, reward whitening, early stopping on approx-KL.
 """
 from collections import defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 import os, time
 import numpy as np
 import torch
 from torch.nn import functional as F
 
-import data, store
+import data, dist, store
 from config import arg, RunError
 from kl import kl_full, make_kl_controller, per_token_kl, shaped_rewards
 from model import (StepGuard, adamw, encode_prompts, join_tokens, response_logits, response_mask, rng_states,
@@ -63,9 +65,11 @@ def masked_mean(x, mask):
 
 
 def whiten(x, mask, shift_mean=True):
-    """Normalise x to zero mean, unit variance over the real tokens; 0 outside the mask."""
-    mean = masked_mean(x, mask)
-    var = masked_mean((x - mean) ** 2, mask)
+    """Normalise x to zero mean, unit variance over the real tokens; 0 outside the mask. Under torchrun the mean
+    and variance are over every rank's tokens (sums and counts all-reduced), as if one process held the batch."""
+    n = dist.all_reduce(mask.sum().float()).clamp(min=1)
+    mean = dist.all_reduce(torch.where(mask, x, 0.0).sum()) / n
+    var = dist.all_reduce(torch.where(mask, (x - mean) ** 2, 0.0).sum()) / n
     out = (x - mean) * torch.rsqrt(var + 1e-8)
     if not shift_mean:
         out = out + mean
@@ -223,6 +227,8 @@ def train_ppo(actor, critic, ref, rm, enc, prompts, cfg, run_dir, stamp, log=pri
     with the same numbers as an uninterrupted one. Returns (metrics rows, final β)."""
     run, kc, pc = cfg.run, cfg.kl, cfg.ppo
     eos, device = enc.eot_token, run.device
+    n_ranks, rank = dist.world(), dist.rank()                  # torchrun: each rank samples and trains on its share
+    local = replace(pc, rollout_batch=pc.rollout_batch // n_ranks, minibatch_size=pc.minibatch_size // n_ranks)
     opts = make_optimizers(actor, critic, pc)
     guards = (StepGuard("PPO (actor)"), StepGuard("PPO (critic)"))
     kl_ctl = make_kl_controller(kc, pc.ppo_iters * pc.rollout_batch)
@@ -231,6 +237,7 @@ def train_ppo(actor, critic, ref, rm, enc, prompts, cfg, run_dir, stamp, log=pri
     ptx_gen = torch.Generator().manual_seed(run.seed + 7)           # its own stream: ptx_coef=0 changes nothing
     ptx_batch = pretraining_batches(cfg, ptx_gen) if pc.ptx_coef > 0 else None
     metrics, start = [], 0
+    dist.seed_rank(run.seed)                                   # torchrun: each rank its own sampling noise
     state_path, metrics_path = os.path.join(run_dir, "ppo_state.pt"), os.path.join(run_dir, "metrics.jsonl")
     if os.path.exists(state_path):
         s = store.load_torch(state_path)                   # on the CPU: RNG states must stay there
@@ -244,7 +251,8 @@ def train_ppo(actor, critic, ref, rm, enc, prompts, cfg, run_dir, stamp, log=pri
             if s["pen_ref"] is not None:
                 pen_ref = Reference(actor)
                 pen_ref.model.load_state_dict(s["pen_ref"])
-            prompt_gen.set_state(s["prompt_gen"]); ptx_gen.set_state(s["ptx_gen"]); set_rng_states(s["rng"])
+            prompt_gen.set_state(s["prompt_gen"]); ptx_gen.set_state(s["ptx_gen"])
+            set_rng_states(dist.mine(s["rng"], state_path))          # torchrun: this rank's own streams
             metrics, start = s["metrics"], s["iter"]
             log(f"ppo: resuming from {state_path} after iteration {start}")
         else:
@@ -254,6 +262,7 @@ def train_ppo(actor, critic, ref, rm, enc, prompts, cfg, run_dir, stamp, log=pri
     for it in range(start, pc.ppo_iters):
         t_it = time.time()
         idx = torch.randint(len(prompts), (pc.rollout_batch,), generator=prompt_gen).tolist()
+        idx = idx[rank * local.rollout_batch:(rank + 1) * local.rollout_batch]             # torchrun: this rank's
         batch_prompts = [prompts[i] for i in idx]
         q, qm = (x.to(device) for x in encode_prompts(enc, batch_prompts))                      # (B, Tp)
         actor.eval(); critic.eval()                                # dropout off during RL; gradients still flow
@@ -262,14 +271,14 @@ def train_ppo(actor, critic, ref, rm, enc, prompts, cfg, run_dir, stamp, log=pri
         # 2. experience
         beta = kl_ctl.value
         batch, info = make_experience(actor, critic, ref, pen_ref, rm, q, qm, resp, eos, beta, kc, pc, run.temperature)
-        if it == 0 and info["kl_exact"].abs().max() > 1e-6:
+        if it == 0 and dist.all_reduce(info["kl_exact"].abs().max(), "max") > 1e-6:
             raise RunError(f"the first rollout is {info['kl_exact'].max().item():.3g} nats from the reference, not 0: "
                            "the actor does not start as the reference (a stale ref.pt?); redo with --fresh")
         snapshot = Reference(actor) if kc.ref_update == "rolling" else None     # this iteration's policy, frozen
         # 3. update
-        stats = ppo_update(actor, critic, opts, guards, batch, pc, run.temperature, beta, kc, ptx_batch)
+        stats = ppo_update(actor, critic, opts, guards, batch, local, run.temperature, beta, kc, ptx_batch)
         # 4. β, and a moving reference moves on (sync and reset move a copy: the frozen π_ref never changes)
-        kl_ctl.update(info["kl_pen"].mean().item(), pc.rollout_batch)
+        kl_ctl.update(dist.all_reduce(info["kl_pen"].mean().item(), "mean"), pc.rollout_batch)   # same β everywhere
         if snapshot is not None:
             pen_ref = snapshot
         every = {"sync": kc.ref_sync_every, "reset": kc.ref_reset_every}.get(kc.ref_update)
@@ -297,18 +306,24 @@ def train_ppo(actor, critic, ref, rm, enc, prompts, cfg, run_dir, stamp, log=pri
                "val/num_eos_tokens": (~info["truncated"]).float().sum().item(),
                "val/response_length": n_tok / len(resp),
                "time/tokens_per_second": n_tok / dt, "time/elapsed": time.time() - t0}
-        metrics.append(row)
-        store.save_json(metrics_path, metrics, lines=True)
+        metrics.append(dist.reduce_row(row, same=("iter", "objective/kl_coef", "policy/skipped_updates"),   # torchrun
+                                       summed=("val/num_eos_tokens", "time/tokens_per_second"),
+                                       maxed=("policy/ratio_dev_first",)))
+        if dist.is_main():
+            store.save_json(metrics_path, metrics, lines=True)
         eta = (time.time() - t0) / (it + 1) * (pc.ppo_iters - it - 1)
         log(f"iter {it + 1}/{pc.ppo_iters} | rm {row['objective/scores']:+.2f} | gold {row['objective/gold']:+.2f} | "
-            f"kl {row['objective/kl']:.2f} | β {beta:.4f} | ent {stats['entropy']:.2f} | "
-            f"clip {stats['clipfrac']:.3f} | "
-            f"approxkl {stats['approxkl']:.4f} | vf {stats['vf_loss']:.3f} | len {row['val/response_length']:.1f} | "
+            f"kl {row['objective/kl']:.2f} | β {beta:.4f} | ent {row['objective/entropy']:.2f} | "
+            f"clip {row['policy/clipfrac_avg']:.3f} | approxkl {row['policy/approxkl_avg']:.4f} | "
+            f"vf {row['loss/value_avg']:.3f} | len {row['val/response_length']:.1f} | "
             f"{row['time/tokens_per_second']:.0f} tok/s | eta {int(eta // 60)}m{int(eta % 60):02d}s")
         if (it + 1) % pc.save_interval == 0 or it + 1 == pc.ppo_iters:
-            store.save_torch(dict(stamp=stamp, iter=it + 1, actor=actor.state_dict(), critic=critic.state_dict(),
-                                  opts=[o.state_dict() for o in opts], skipped=[g.skipped for g in guards],
-                                  kl_ctl=asdict(kl_ctl), pen_ref=None if pen_ref is ref else pen_ref.model.state_dict(),
-                                  prompt_gen=prompt_gen.get_state(), ptx_gen=ptx_gen.get_state(), rng=rng_states(),
-                                  metrics=metrics), state_path)
+            rng = dist.gather_objects(rng_states())            # torchrun: every rank's streams
+            if dist.is_main():
+                store.save_torch(dict(stamp=stamp, iter=it + 1, actor=actor.state_dict(), critic=critic.state_dict(),
+                                      opts=[o.state_dict() for o in opts], skipped=[g.skipped for g in guards],
+                                      kl_ctl=asdict(kl_ctl), prompt_gen=prompt_gen.get_state(),
+                                      ptx_gen=ptx_gen.get_state(), rng=rng,
+                                      pen_ref=None if pen_ref is ref else pen_ref.model.state_dict(),
+                                      metrics=metrics), state_path)
     return metrics, kl_ctl.value

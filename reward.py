@@ -4,7 +4,8 @@ Preference data (`make_preferences`, train.py's `preferences` stage): for random
 sampled from the pretrained model, labelled by the world's noisy annotator (data.label_pair). The model is trained
 with the Bradley-Terry loss  -log σ(r_chosen - r_rejected)  on the score read at the last real token, in batches of
 pairs of about the same length, then normalised (gain, bias) so that responses of the pretrained policy score mean 0,
-std 1. The critic (ppo.py) is a copy of this model. Run via `python train.py --stage=reward`.
+std 1. The critic (ppo.py) is a copy of this model. Run via `python train.py --stage=reward`. Under torchrun each
+rank trains on its share of every batch of pairs (dist.py); the scalar is computed in fp32 even under bf16.
 Left out: ensembles, margin losses, reward-model uncertainty.
 """
 import copy, random
@@ -15,9 +16,9 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from config import arg
-from model import (GPT, GPTConfig, StepGuard, adamw, autocast, encode_prompts, join_tokens, pad_left,
-                   response_hidden, response_mask)
-import data, store
+from model import (GPT, GPTConfig, StepGuard, adamw, encode_prompts, join_tokens, pad_left, response_hidden,
+                   response_mask)
+import data, dist, store
 
 
 @dataclass
@@ -69,7 +70,8 @@ class ScalarModel(nn.Module):
         return self.from_hidden(self.trunk.hidden(idx, mask))                     # (B, T)
 
     def from_hidden(self, h):
-        return self.head(h).squeeze(-1) * self.gain + self.bias                   # (B, T, C) -> (B, T)
+        with torch.autocast(h.device.type, enabled=False):    # fp32 even under --dtype=bf16: a bf16 score keeps
+            return self.head(h.float()).squeeze(-1) * self.gain + self.bias   # (B, T)  3 digits and ties pairs
 
 
 def response_values(critic, query, query_mask, response):
@@ -101,7 +103,7 @@ def bt_loss(r_chosen, r_rejected):
     return -F.logsigmoid(r_chosen - r_rejected).mean()
 
 
-def train_reward_model(lm, pairs, cfg, pad_id, seed=0, dtype="fp32", log=print):
+def train_reward_model(lm, pairs, cfg, pad_id, seed=0, log=print):
     """pairs: list of dicts with token lists `chosen`, `rejected` and gold scores `gold_chosen`, `gold_rejected`.
     Returns (ScalarModel, stats) with held-out accuracy against the noisy labels and against the gold order."""
     rng = np.random.default_rng(seed)
@@ -109,6 +111,7 @@ def train_reward_model(lm, pairs, cfg, pad_id, seed=0, dtype="fp32", log=print):
     n_val = max(1, int(len(pairs) * cfg.rm_val_frac))
     val, tr = [pairs[i] for i in order[:n_val]], [pairs[i] for i in order[n_val:]]
     rm = from_pretrained(lm, cfg.rm_layers)
+    dist.seed_rank(seed)                                    # torchrun: each rank its own dropout
     rm.train()
     opt = adamw(rm.parameters(), cfg.rm_lr, weight_decay=0.0)
     steps = cfg.rm_epochs * ((len(tr) + cfg.rm_batch_size - 1) // cfg.rm_batch_size)
@@ -122,9 +125,10 @@ def train_reward_model(lm, pairs, cfg, pad_id, seed=0, dtype="fp32", log=print):
         batches = [perm[i:i + cfg.rm_batch_size] for i in range(0, len(tr), cfg.rm_batch_size)]
         losses = []
         for b in rng.permutation(len(batches)):
-            mb = [tr[j] for j in batches[b]]
-            with autocast(next(rm.parameters()).device.type, dtype):                      # --dtype: bf16 or fp32
-                r = score(rm, [p["chosen"] for p in mb] + [p["rejected"] for p in mb], pad_id).float()   # (2b,)
+            if len(batches[b]) < dist.world():              # torchrun: a share for every rank, or no step anywhere
+                continue
+            mb = [tr[j] for j in batches[b][dist.rank()::dist.world()]]        # torchrun: this rank's share
+            r = score(rm, [p["chosen"] for p in mb] + [p["rejected"] for p in mb], pad_id)   # (2b,)
             loss = bt_loss(r[:len(mb)], r[len(mb):])
             guard.step(loss, opt, list(rm.parameters()), 1.0)
             sched.step()

@@ -11,14 +11,17 @@ Each stage writes into out_dir and records in stages.json the config fields and 
 later run that differs stops with one line (or, with --stage=NAME, redoes that stage). Pretraining and PPO save
 resumable checkpoints: the same command after a kill goes on where it stopped and ends with the same numbers.
 The stage table is STAGES, at the bottom; the PPO loop itself is in ppo.py.
-Left out: distributed training, mixed precision, resuming the preferences and reward stages half way.
+Under `torchrun --standalone --nproc_per_node=N train.py ...` pretraining, the reward model and PPO train on N
+processes (each its share of every batch, gradients averaged: dist.py); rank 0 alone plans, writes and prints, and
+runs the other stages while the rest wait. Lines marked `# torchrun` are the only ones a single process skips past.
+Left out: resuming the preferences and reward stages half way.
 """
 import copy, dataclasses, math, os, random, sys, time
 from collections import namedtuple
 import numpy as np
 import torch
 
-import data, store
+import data, dist, store
 from config import RunConfig, WorldConfig, PretrainConfig, RunError, check, check_world, die, fields, parse_args
 from evaluate import evaluate_policy, judge_texts, plot_metrics, sample_texts, write_report
 from inspect_page import InspectConfig, stage_inspect
@@ -62,11 +65,12 @@ def stage_pretrain(cfg, stamp):
     enc = data.load_tokenizer(run.out_dir, cfg.world.tokenizer)
     gcfg = dataclasses.replace(cfg.gpt, vocab_size=enc.n_vocab)
     splits = {k: np.memmap(path(cfg, f"{k}.bin"), dtype=np.uint16, mode="r") for k in ("train", "val")}
-    gen = torch.Generator().manual_seed(run.seed)
+    gen = torch.Generator().manual_seed(run.seed + 1000003 * dist.rank())     # torchrun: each rank its own windows
+    batch_size = pt.batch_size // dist.world()                                 # torchrun: each rank its share
 
     def get_batch(split):                                   # random windows of block_size + 1 tokens
         d = splits[split]
-        ix = torch.randint(len(d) - gcfg.block_size - 1, (pt.batch_size,), generator=gen).tolist()
+        ix = torch.randint(len(d) - gcfg.block_size - 1, (batch_size,), generator=gen).tolist()
         xy = torch.from_numpy(np.stack([d[i:i + gcfg.block_size + 1].astype(np.int64) for i in ix]))
         return xy[:, :-1].to(run.device), xy[:, 1:].to(run.device)       # (B, T), (B, T)
 
@@ -75,17 +79,19 @@ def stage_pretrain(cfg, stamp):
         model.eval()
         loss = float(np.mean([model(*get_batch("val"))[1].item() for _ in range(pt.eval_iters)]))
         model.train()
-        return loss
+        return dist.all_reduce(loss, "mean")                # torchrun: over every rank's batches
 
-    model = GPT(gcfg).to(run.device)
+    model = GPT(gcfg).to(run.device)                        # the same on every rank: one seed
+    dist.seed_rank(run.seed)                                # torchrun: then each rank its own dropout
+    fwd = torch.compile(model) if pt.compile else model     # fixed shapes: compiled once
     opt = adamw(model.parameters(), pt.lr, betas=(0.9, 0.95), weight_decay=pt.weight_decay)
     guard, start, log, seconds = StepGuard("pretraining"), 0, [], 0.0
     ckpt_path = path(cfg, "pretrain_ckpt.pt")
     if os.path.exists(ckpt_path):
         s = store.load_torch(ckpt_path)                     # on the CPU: RNG states must stay there
         if s["stamp"] == stamp:                             # same config and inputs: go on where it stopped
-            model.load_state_dict(s["model"]); opt.load_state_dict(s["opt"]); gen.set_state(s["gen"])
-            set_rng_states(s["rng"])
+            model.load_state_dict(s["model"]); opt.load_state_dict(s["opt"])
+            gen.set_state(dist.mine(s["gen"], ckpt_path)); set_rng_states(dist.mine(s["rng"], ckpt_path))
             start, log, seconds, guard.skipped = s["iter"], s["log"], s["seconds"], s["skipped"]
             print(f"pretrain: resuming from {ckpt_path} after iteration {start}")
     print(f"pretrain: {model.num_params() / 1e6:.2f}M parameters, {pt.max_iters} iters of "
@@ -97,19 +103,22 @@ def stage_pretrain(cfg, stamp):
             1 + math.cos(math.pi * (it - pt.warmup_iters) / max(1, pt.max_iters - pt.warmup_iters)))   # warmup + cosine
         for g in opt.param_groups:
             g["lr"] = lr
-        with autocast(run.device, run.dtype):
-            _, loss = model(*get_batch("train"))
+        _, loss = fwd(*get_batch("train"))
         guard.step(loss, opt, list(model.parameters()), pt.grad_clip)
         if (it + 1) % pt.eval_interval == 0 or it + 1 == pt.max_iters:
-            log.append(dict(iter=it + 1, loss=loss.item(), val_loss=val_loss(), lr=lr))
+            log.append(dict(iter=it + 1, loss=dist.all_reduce(loss.item(), "mean"), val_loss=val_loss(), lr=lr))
             dt = time.time() - t0
-            print(f"iter {it + 1}/{pt.max_iters} | loss {loss.item():.3f} | val {log[-1]['val_loss']:.3f} | "
+            print(f"iter {it + 1}/{pt.max_iters} | loss {log[-1]['loss']:.3f} | val {log[-1]['val_loss']:.3f} | "
                   f"lr {lr:.1e} | {(it + 1 - start) * pt.batch_size * gcfg.block_size / (dt - seconds) / 1e3:.1f}k "
                   f"tok/s | eta {fmt_time((dt - seconds) / (it + 1 - start) * (pt.max_iters - it - 1))}", flush=True)
-            store.save_torch(dict(stamp=stamp, iter=it + 1, model=model.state_dict(), opt=opt.state_dict(),
-                                  gen=gen.get_state(), rng=rng_states(), log=log, seconds=dt,
-                                  skipped=guard.skipped), ckpt_path)
+            states = dist.gather_objects((gen.get_state(), rng_states()))    # torchrun: every rank's streams
+            if dist.is_main():
+                store.save_torch(dict(stamp=stamp, iter=it + 1, model=model.state_dict(), opt=opt.state_dict(),
+                                      gen=dist.unzip(states, 0), rng=dist.unzip(states, 1), log=log, seconds=dt,
+                                      skipped=guard.skipped), ckpt_path)
     seconds = time.time() - t0
+    if not dist.is_main():                                  # torchrun: rank 0 saves, samples and reports
+        return
     model.eval()
     save_checkpoint(model, path(cfg, "pretrain.pt"))        # saved before anything samples from it
     seed_everything(run.seed + 1)
@@ -160,7 +169,9 @@ def stage_reward(cfg, stamp):
     pairs = [dict(chosen=r["tokens_a"], rejected=r["tokens_b"], gold_chosen=r["gold_a"], gold_rejected=r["gold_b"])
              if r["label"] == 0 else dict(chosen=r["tokens_b"], rejected=r["tokens_a"], gold_chosen=r["gold_b"],
                                           gold_rejected=r["gold_a"]) for r in rows]
-    rm, stats = train_reward_model(lm, pairs, cfg.reward, enc.eot_token, seed=run.seed, dtype=run.dtype)
+    rm, stats = train_reward_model(lm, pairs, cfg.reward, enc.eot_token, seed=run.seed)
+    if not dist.is_main():                                              # torchrun: rank 0 writes
+        return
     save_scalar_model(rm, path(cfg, "reward.pt"))
     store.save_json(path(cfg, "reward.json"), stats)
     print(f"reward model: held-out accuracy {stats['acc_noisy']:.1%} against the noisy labels, "
@@ -187,6 +198,8 @@ def run_ppo(cfg, base, run_dir, stamp, log=print):
     actor, ref, rm = load_models(base, run.device)
     critic = copy.deepcopy(rm).requires_grad_(True)                  # the critic starts as the reward model
     metrics, beta = train_ppo(actor, critic, ref, rm, enc, prompts["train"], cfg, run_dir, stamp, log)
+    if not dist.is_main():                                           # torchrun: rank 0 evaluates and writes
+        return None
     save_checkpoint(actor, os.path.join(run_dir, "actor.pt"))
     ref_ckpt = store.load_torch(os.path.join(base, "ref.pt"))["model"]
     unchanged = all(torch.equal(v.cpu(), ref_ckpt[k]) for k, v in ref.model.state_dict().items())
@@ -202,6 +215,8 @@ def run_ppo(cfg, base, run_dir, stamp, log=print):
 
 def stage_ppo(cfg, stamp):
     s = run_ppo(cfg, cfg.run.out_dir, cfg.run.out_dir, stamp)
+    if s is None:                                                     # torchrun: a rank other than 0
+        return
     f = s["final"]
     print(f"ppo: held-out gold {f['gold_mean']:+.2f}, proxy {f['proxy_mean']:+.2f}, KL to reference "
           f"{f['kl']:.2f} nats, well-formed {f['wellformed_rate']:.0%}; reference unchanged: "
@@ -237,7 +252,7 @@ def stage_sample(cfg, stamp):
 # ---- the stage table: what each stage reads, writes, and which config fields shape its outputs ----
 Stage = namedtuple("Stage", "name fn inputs outputs fields partial")
 _names = lambda *groups: [f.name for g in groups for _, f in fields({"g": g})]
-_SAMPLING = ["seed", "temperature", "response_length"]
+_SAMPLING = ["seed", "temperature", "response_length", "dtype"]
 WORLD = ["world.json", "train.txt", "val.txt", "train.bin", "val.bin", "tokenizer.bpe", "prompts.json"]
 TOK = ["tokenizer.bpe", "prompts.json"]
 STAGES = [
@@ -277,8 +292,29 @@ def world_ok(cfg, corpus=True):
     check_world(cfg, enc, prompts, {s: os.path.getsize(path(cfg, f"{s}.bin")) // 2 for s in ("train", "val") if corpus})
 
 
+TRAINING = {"pretrain", "reward", "ppo"}        # torchrun: every rank runs these; rank 0 runs the others alone
+
+
+def follow_stages(cfg):
+    """torchrun, ranks other than 0: rank 0's plan, taking part in its training stages, in step with it."""
+    try:
+        plan = dist.broadcast_object(None)
+    except RuntimeError:                                 # rank 0 stopped before it had a plan; its line says why
+        sys.exit(1)
+    for name in plan:
+        st = BY_NAME[name]
+        if name in TRAINING:
+            seed_everything(cfg.run.seed)
+            with autocast(cfg.run.device, cfg.run.dtype):
+                st.fn(cfg, stamp(cfg, st))
+        dist.barrier()                                   # rank 0 has written this stage's outputs and records
+    return {}
+
+
 def run_stages(cfg, upto=None):
     """Check the state of out_dir, then run what is missing or asked for. Returns {stage: seconds}."""
+    if not dist.is_main():                               # torchrun
+        return follow_stages(cfg)
     out = cfg.run.out_dir
     if cfg.run.fresh:
         for n in [n for st in STAGES for n in st.outputs + [st.partial] if n] + ["stages.json", "timings.json"]:
@@ -299,6 +335,7 @@ def run_stages(cfg, upto=None):
         world_ok(cfg, corpus=todo not in ([SAMPLE], [INSPECT]))
     store.save_json(path(cfg, "config.json"), {g: dataclasses.asdict(c) for g, c in vars(cfg).items()})
     timings = store.load_json(path(cfg, "timings.json")) if os.path.exists(path(cfg, "timings.json")) else {}
+    dist.broadcast_object([st.name for st in todo])      # torchrun: the plan, to the other ranks
     for st in todo:
         if st.outputs:                                # what this stage and every later one made is out of date now
             for later in STAGES[STAGES.index(st):]:
@@ -309,7 +346,8 @@ def run_stages(cfg, upto=None):
         print(f"---- stage {st.name} ----", flush=True)
         seed_everything(cfg.run.seed)
         t = time.time()
-        st.fn(cfg, stamp(cfg, st))
+        with autocast(cfg.run.device, cfg.run.dtype):    # fp32: no-op; bf16: every forward of the stage
+            st.fn(cfg, stamp(cfg, st))
         if st.name == "world":
             world_ok(cfg)
         if st.outputs:
@@ -320,27 +358,35 @@ def run_stages(cfg, upto=None):
             store.save_json(path(cfg, "timings.json"), timings)
             if st.partial:
                 store.remove(path(cfg, st.partial))
+        dist.barrier()                                   # torchrun: the other ranks wait for this stage
     return timings
 
 
 def main(argv):
     cfg = parse(argv)
+    cfg.run.device = dist.init(cfg.run.device)           # torchrun: join the group; 1 process: unchanged
+    if cfg.run.dtype == "bf16":                          # what autocast leaves in fp32 may use TF32 on CUDA
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     assert set(RunConfig.__dataclass_fields__["stage"].metadata["choices"]) == {"all", *BY_NAME}
-    if os.path.exists(cfg.run.out_dir) and not os.path.isdir(cfg.run.out_dir):
-        die(f"--out_dir={cfg.run.out_dir} is a file, not a folder")
-    try:
-        os.makedirs(cfg.run.out_dir, exist_ok=True)
-    except OSError as e:
-        die(f"--out_dir={cfg.run.out_dir} cannot be made ({e.strerror})")
     if cfg.run.threads:
         torch.set_num_threads(cfg.run.threads)
     try:
+        if not dist.is_main():                           # torchrun: rank 0 checks the folder and holds the lock
+            return run_stages(cfg)
+        if os.path.exists(cfg.run.out_dir) and not os.path.isdir(cfg.run.out_dir):
+            die(f"--out_dir={cfg.run.out_dir} is a file, not a folder")
+        try:
+            os.makedirs(cfg.run.out_dir, exist_ok=True)
+        except OSError as e:
+            die(f"--out_dir={cfg.run.out_dir} cannot be made ({e.strerror})")
         with store.Lock(cfg.run.out_dir):
             return run_stages(cfg)
     except RunError as e:
-        die(str(e), e.code)
+        die(str(e), e.code) if dist.is_main() else sys.exit(e.code)     # torchrun: one line, from rank 0
     except KeyboardInterrupt:
         die("interrupted; what was saved is kept, and the same command goes on from there", 130)
+    finally:
+        dist.close()
 
 
 if __name__ == "__main__":
