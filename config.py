@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 RULES = {">0": lambda v: v > 0, ">=0": lambda v: v >= 0, "[0,1]": lambda v: 0 <= v <= 1,
-         "[0,1)": lambda v: 0 <= v < 1, "(0,1)": lambda v: 0 < v < 1}
+         "[0,1)": lambda v: 0 <= v < 1, "(0,1)": lambda v: 0 < v < 1,
+         "(0,1]": lambda v: 0 < v <= 1}
 
 
 def arg(default, rule=None, help="", choices=None):
@@ -44,7 +45,7 @@ class RunConfig:
     out_dir: str = arg("out", help="folder for every stage's outputs")
     stage: str = arg("all", help="every stage not done yet, or one stage (train.STAGES)",
                      choices=["all", "world", "pretrain", "reference", "preferences", "reward", "ppo", "report",
-                              "sample"])
+                              "sample", "inspect"])
     fresh: bool = arg(False, help="delete every output in out_dir and redo every stage")
     preset: str = arg("default", help="default, smoke (seconds; the tests use it), gpu (one GPU, about 10 minutes)",
                       choices=["default", "smoke", "gpu"])
