@@ -178,6 +178,9 @@ def check(cfg):
         die(f"--minibatch_size={p.minibatch_size} is larger than --rollout_batch={p.rollout_batch}")
     if run.response_length + 2 > g.block_size:
         die(f"--response_length={run.response_length} leaves no room for a prompt in --block_size={g.block_size}")
+    import ref                                              # its field's values need the model's depth
+    if ref.check(cfg):
+        die(ref.check(cfg))
     if run.device == "cuda" and not torch.cuda.is_available():
         die("--device=cuda but torch sees no CUDA device here (use --device=cpu or auto)")
     run.device = run.device if run.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
