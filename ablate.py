@@ -5,6 +5,7 @@
     python ablate.py --conditions=no_kl,adaptive --seeds=5 --ppo_iters=80    # any train.py flag passes through
     python ablate.py --subdir=ablate_short --rollout_batch=32 --ppo_iters=40  # results into out/ablate_short/
     python ablate.py --jobs=1            # runs one after another, in this process (default: 2 processes, 1 thread each)
+    python ablate.py --suite=cheap       # cheaper references and the KL rollback -> also out/ablate/results_ref.md
 
 A run whose ppo.json was made under the same config and inputs is reused, so an interrupted ablation goes on
 where it stopped (a run killed half way resumes from its ppo_state.pt); Ctrl-C stops every worker.
@@ -37,8 +38,25 @@ CONDITIONS = {
     "est_k3": ["--kl_estimator=k3"],
     "est_full_reward": ["--kl_estimator=full"],
     "est_full_loss": ["--kl_in=loss", "--kl_estimator=full"],
+    # how the reference is held (ref.py); ref_full is the default, as adaptive
+    "ref_full": [],
+    "ref_bf16": ["--ref=bf16"],
+    "ref_fp16": ["--ref=fp16"],
+    "ref_int8": ["--ref=int8"],
+    "ref_nf4": ["--ref=nf4"],
+    "ref_lora": ["--ref=lora"],
+    "ref_lora_lr10": ["--ref=lora", "--ppo_lr=5e-4"],          # adapters usually want a larger learning rate
+    "ref_shared_2": ["--ref=shared_2"],                        # the default model has 4 blocks: the top 2 train
+    # a run that drifts (weak fixed β, as fixed_0.005), and the same run with the KL rollback
+    "drift": ["--kl_ctl=fixed", "--init_kl_coef=0.005"],
+    "rollback": ["--kl_ctl=fixed", "--init_kl_coef=0.005", "--kl_max=10"],
 }
-SAME_AS = {"est_k1": "adaptive"}
+SAME_AS = {"est_k1": "adaptive", "ref_full": "adaptive", "drift": "fixed_0.005"}
+SUITES = {"core": ["no_kl", "rolling_ref", "fixed_0.005", "fixed_0.05", "fixed_0.5", "adaptive", "band",
+                   "linear_decay", "est_k1", "est_k3", "est_full_reward", "est_full_loss"],
+          "cheap": ["ref_full", "ref_bf16", "ref_fp16", "ref_int8", "ref_nf4", "ref_lora", "ref_lora_lr10",
+                    "ref_shared_2", "drift", "rollback"]}
+SUITES["all"] = SUITES["core"] + SUITES["cheap"]
 COLUMNS = ["proxy_mean", "gold_mean", "kl", "ref_ppl", "distinct_1", "distinct_2", "repetition_rate",
            "wellformed_rate", "eos_rate", "seconds"]
 DEFAULTS = []                   # the main run's budget: train.py's rollout_batch, ppo_iters and n_eval
@@ -50,7 +68,7 @@ def parse(argv):
     if "--help" in argv or "-h" in argv:
         print(__doc__)
         sys.exit(0)
-    opts = dict(quick=False, seeds=3, conditions=",".join(CONDITIONS), jobs=2, subdir="ablate")
+    opts = dict(quick=False, seeds=3, conditions="", suite="core", jobs=2, subdir="ablate")
     user = []
     for a in argv:
         name, _, value = a[2:].partition("=")
@@ -61,6 +79,9 @@ def parse(argv):
                 die(f"bad value for --{name}: {value!r}")
         else:
             user.append(a)
+    if opts["suite"] not in SUITES:
+        die(f"bad value for --suite: {opts['suite']!r} (choose {', '.join(SUITES)})")
+    opts["conditions"] = opts["conditions"] or ",".join(SUITES[opts["suite"]])
     conds = opts["conditions"].split(",")
     unknown = [c for c in conds if c not in CONDITIONS]
     if unknown:
@@ -92,7 +113,8 @@ def one_run(job):
     if s is None or s.get("stamp") != stamp:
         train.seed_everything(seed)
         s = train.run_ppo(cfg, base, run_dir, stamp, log=lambda line: None)
-    return dict(condition=cond, seed=seed, **s["final"], kl_coef_final=s["kl_coef_final"], seconds=s["seconds"])
+    return dict(condition=cond, seed=seed, **s["final"], kl_coef_final=s["kl_coef_final"], seconds=s["seconds"],
+                ref=s.get("ref"))
 
 
 def baseline_row(cfg, base, seed):
@@ -114,6 +136,30 @@ def summarise(rows, order):
         if rs:
             cells = [f"{np.mean([r[c] for r in rs]):.3f} ± {np.std([r[c] for r in rs]):.3f}" for c in COLUMNS]
             lines.append(f"| {cond} | {len(rs)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+REF_COLUMNS = [("bytes held for the reference", lambda r: r["ref"]["bytes"] / 1e6, "{:.2f} MB"),
+               ("trainable actor state", lambda r: r["ref"]["trainable_bytes"] / 1e6, "{:.2f} MB"),
+               ("KL to full ref, step 0", lambda r: r["ref"]["kl_step0"], "{:.4f}"),
+               ("gold", lambda r: r["gold_mean"], "{:+.2f}"), ("proxy", lambda r: r["proxy_mean"], "{:+.2f}"),
+               ("KL to full ref", lambda r: r["kl"], "{:.2f}"), ("KL to own ref", lambda r: r["ref"]["kl_own_ref"], "{:.2f}"),
+               ("well-formed", lambda r: r["wellformed_rate"], "{:.2f}"),
+               ("s / iteration", lambda r: r["ref"]["seconds_per_iter"], "{:.2f}"),
+               ("rollbacks", lambda r: r["ref"]["rollbacks"], "{:.1f}")]
+
+
+def ref_table(rows, order):
+    """Markdown table "Making the reference cheap": bytes, step-0 KL, and the PPO run's results, mean ± std."""
+    lines = ["| condition | " + " | ".join(c for c, _, _ in REF_COLUMNS) + " |", "|---" * (len(REF_COLUMNS) + 1) + "|"]
+    for cond in order:
+        rs = [r for r in rows if r["condition"] == cond and r.get("ref")]
+        if rs:
+            cells = []
+            for _, get, fmt in REF_COLUMNS:
+                v = [get(r) for r in rs]
+                cells.append(fmt.format(np.mean(v)) + (f" ± {fmt.format(np.std(v)).lstrip('+')}" if len(rs) > 1 else ""))
+            lines.append(f"| `{cond}` | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -209,6 +255,10 @@ def ablate(opts, rest):
         store.write_text(os.path.join(adir, "results.md"), f"# ablate.py {' '.join(sys.argv[1:])}\n\n"
                          f"{len(jobs)} PPO runs, {time.time() - t0:.0f} s in all. Mean ± std over seeds; "
                          f"held-out prompts.\n\n{table}")
+        if any(c in SUITES["cheap"] for c in order):
+            store.write_text(os.path.join(adir, "results_ref.md"), f"# ablate.py {' '.join(sys.argv[1:])}\n\n"
+                             f"Making the reference cheap; mean ± std over seeds; held-out prompts.\n\n"
+                             f"{ref_table(rows, order)}")
         plot(rows, adir, order)
         write_examples(cfg, base, adir, order, seed0)
         print(table)

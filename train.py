@@ -193,11 +193,14 @@ def run_ppo(cfg, base, run_dir, stamp, log=print):
     final, _ = evaluate_policy(actor, enc, prompts["heldout"], run, full_ref, rm, cfg.ppo.n_eval)  # KL to full ref
     summary = dict(final=final, reference_unchanged=unchanged, kl_coef_final=beta, stamp=stamp,
                    skipped_updates=metrics[-1]["policy/skipped_updates"], seconds=metrics[-1]["time/elapsed"])
-    seed_everything(run.seed + 1)                                   # the same samples, scored by the run's ref
-    own = evaluate_policy(actor, enc, prompts["heldout"], run, ref, rm, cfg.ppo.n_eval)[0]["kl"]
-    seed_everything(run.seed + 1)
-    step0 = refs.step0_kl(load_checkpoint(os.path.join(base, "pretrain.pt"), run.device)[0], ref, enc,
-                          prompts["heldout"], run, rm, cfg.ppo.n_eval)
+    own, step0 = final["kl"], 0.0                                   # full: the same model; exact: 0 at step 0,
+    if cfg.ref.ref != "full":                                        # checked at the first rollout
+        seed_everything(run.seed + 1)                               # the same samples, scored by the run's ref
+        own = evaluate_policy(actor, enc, prompts["heldout"], run, ref, rm, cfg.ppo.n_eval)[0]["kl"]
+    if not ref.exact:
+        seed_everything(run.seed + 1)
+        step0 = refs.step0_kl(load_checkpoint(os.path.join(base, "pretrain.pt"), run.device)[0], ref, enc,
+                              prompts["heldout"], run, rm, cfg.ppo.n_eval)
     summary["ref"] = dict(kind=cfg.ref.ref, bytes=memory["ref"], actor_bytes=memory["actor"],
                           trainable_bytes=memory["trainable"], kl_step0=step0, kl_own_ref=own,
                           seconds_per_iter=metrics[-1]["time/elapsed"] / len(metrics),

@@ -12,12 +12,12 @@ def test_every_condition_appears_with_finite_values_and_finished_runs_are_reused
     ablate.main(argv)
     adir = os.path.join(run, "ablate")
     rows = store.load_json(os.path.join(adir, "results.jsonl"), lines=True)
-    assert {r["condition"] for r in rows} == set(ablate.CONDITIONS) | {"pretrained"}
+    assert {r["condition"] for r in rows} == set(ablate.SUITES["core"]) | {"pretrained"}     # the default suite
     for r in rows:
         for c in ablate.COLUMNS:
             assert math.isfinite(r[c]), (r["condition"], c)
     table = open(os.path.join(adir, "results.md")).read()
-    assert all(f"| {c} |" in table for c in ablate.CONDITIONS)
+    assert all(f"| {c} |" in table for c in ablate.SUITES["core"])
     examples = open(os.path.join(adir, "examples.md")).read()
     assert "## pretrained" in examples and "## no_kl" in examples
     no_kl = next(r for r in rows if r["condition"] == "no_kl")
@@ -29,7 +29,23 @@ def test_every_condition_appears_with_finite_values_and_finished_runs_are_reused
     assert os.path.getmtime(actor) == mtime
 
 
+def test_the_cheap_reference_table(run):
+    """results_ref.md: one row per condition, from the runs' ppo.json (bytes, step-0 KL, KL to the full and to
+    the run's own reference, rollbacks)."""
+    ablate.main(["--preset=smoke", f"--out_dir={run}", "--quick", "--ppo_iters=2", "--n_eval=8", "--jobs=1",
+                 "--conditions=ref_int8,rollback", "--subdir=ablate_ref"])
+    adir = os.path.join(run, "ablate_ref")
+    rows = {r["condition"]: r for r in store.load_json(os.path.join(adir, "results.jsonl"), lines=True)}
+    assert rows["ref_int8"]["ref"]["kind"] == "int8" and rows["ref_int8"]["ref"]["kl_step0"] > 0
+    assert rows["rollback"]["ref"]["bytes"] > rows["ref_int8"]["ref"]["bytes"] > 0
+    lines = open(os.path.join(adir, "results_ref.md")).read().splitlines()
+    row = next(line for line in lines if line.startswith("| `ref_int8` |")).split(" | ")
+    assert float(row[1].split()[0]) == pytest.approx(rows["ref_int8"]["ref"]["bytes"] / 1e6, abs=0.01)
+    assert any(line.startswith("| `rollback` |") for line in lines)
+
+
 @pytest.mark.parametrize("argv, message", [(["--conditions=no_kl,magic"], "unknown condition"),
+                                           (["--suite=huge"], "bad value for --suite"),
                                            (["--conditions=no_kl,no_kl"], "twice"), (["--seeds=0"], ">= 1"),
                                            (["--seeds=x"], "bad value"), (["--ppo_iters=0"], "--ppo_iters")])
 def test_bad_options_are_a_clear_error(argv, message, capsys):

@@ -106,14 +106,15 @@ def test_bytes_held_by_each_reference_by_hand(run):
 
 
 def capture(monkeypatch):
-    """The (actor, reference) pairs run_ppo builds, and the reference's logits as built."""
-    made, make = [], refs.make_reference
+    """The (actor, reference) pairs run_ppo builds, then the (actor's, critic's) optimizers train_ppo makes."""
+    made, make, make_opts = [], refs.make_reference, ppo.make_optimizers
 
     def recording(*a):
         actor, ref = make(*a)
         made.append((actor, ref))
         return actor, ref
     monkeypatch.setattr(refs, "make_reference", recording)
+    monkeypatch.setattr(ppo, "make_optimizers", lambda *a: made.append(make_opts(*a)) or made[-1])
     return made
 
 
@@ -121,14 +122,17 @@ def test_lora_reference_is_the_pretrained_model_bit_for_bit_before_and_after_ppo
     pre, _, q, qm, resp = real_batch(run)
     expect = response_logits(pre, q, qm, resp, 1.0)
     made = capture(monkeypatch)
-    summary, rows = ppo_run(run, tmp_path, "--ref=lora", "--lora_rank=4", "--lora_alpha=32", "--ppo_lr=3e-3")
+    summary, rows = ppo_run(run, tmp_path, "--ref=lora", "--lora_rank=4", "--lora_alpha=32", "--ppo_lr=3e-3",
+                            "--ppo_iters=2", "--n_eval=8")
     actor, ref = made[0]
     assert ref.model is actor and torch.equal(ref.logits(q, qm, resp, 1.0), expect)      # after PPO, bit for bit
     assert not torch.equal(response_logits(actor, q, qm, resp, 1.0), expect)            # while the actor moved
     assert rows[0]["objective/kl"] == 0.0 and rows[-1]["objective/kl"] > 0               # it starts exactly there
     assert summary["reference_unchanged"] and summary["ref"]["bytes"] == 0
     trained = {n for n, p in actor.named_parameters() if p.requires_grad}
-    assert trained and all("lora_" in n for n in trained)            # only the adapters reach the optimizer
+    assert trained and all("lora_" in n for n in trained)            # only the adapters are trained
+    adapters = {id(p) for n, p in actor.named_parameters() if "lora_" in n}
+    assert {id(p) for g in made[1][0].param_groups for p in g["params"]} == adapters    # ... and in the optimizer
     assert all(m.lora_A.shape[0] == 4 and m.scale == 8 for m in actor.modules() if isinstance(m, refs.LoRALinear))
     merged, _ = load_checkpoint(os.path.join(tmp_path, "actor.pt"))  # actor.pt: a plain GPT, adapters merged
     torch.testing.assert_close(response_logits(merged, q, qm, resp, 1.0), response_logits(actor, q, qm, resp, 1.0),
@@ -138,7 +142,7 @@ def test_lora_reference_is_the_pretrained_model_bit_for_bit_before_and_after_ppo
 def test_shared_blocks_get_no_gradient_and_never_move(run, tmp_path, monkeypatch):
     pre = load_checkpoint(os.path.join(run, "pretrain.pt"))[0].state_dict()
     made = capture(monkeypatch)
-    summary, rows = ppo_run(run, tmp_path, "--ref=shared_1", "--ppo_lr=3e-3")
+    summary, rows = ppo_run(run, tmp_path, "--ref=shared_1", "--ppo_lr=3e-3", "--ppo_iters=2", "--n_eval=8")
     actor, ref = made[0]
     assert rows[0]["objective/kl"] == 0.0 and rows[-1]["objective/kl"] > 0 and summary["reference_unchanged"]
     for name in ["wte", "wpe", "blocks.0"]:                          # shared: one tensor, no gradient, unchanged
@@ -149,10 +153,12 @@ def test_shared_blocks_get_no_gradient_and_never_move(run, tmp_path, monkeypatch
     assert ref.model.lm_head.weight is actor.wte.weight
     moved = [k for k in pre if k.startswith(("blocks.1", "ln_f")) and not torch.equal(actor.state_dict()[k], pre[k])]
     assert moved and all(torch.equal(ref.model.state_dict()[k], pre[k]) for k in pre)   # the top moved, its copy not
+    top = {id(p) for m in [actor.blocks[1], actor.ln_f] for p in m.parameters()}
+    assert {id(p) for g in made[1][0].param_groups for p in g["params"]} == top          # what the optimizer moves
 
 
 def test_half_reference_starts_near_but_not_at_zero(run, tmp_path):
-    summary, rows = ppo_run(run, tmp_path, "--ref=bf16", "--ppo_iters=1")
+    summary, rows = ppo_run(run, tmp_path, "--ref=bf16", "--ppo_iters=1", "--n_eval=8")
     assert 0 < rows[0]["objective/kl"] < 0.05                        # the rollout's exact KL to the bf16 copy
     r = summary["ref"]
     assert 0 < r["kl_step0"] < 0.05 and r["kl_own_ref"] != summary["final"]["kl"]   # final: to the fp32 reference
@@ -181,23 +187,34 @@ def state_after(run, out, iters, *flags):
 FLAGS = ["--ppo_iters=4", "--ppo_lr=6e-4", "--kl_ctl=fixed", "--init_kl_coef=0.02", "--save_interval=1"]
 
 
-def test_rollback_restores_the_last_state_under_the_limit_bit_for_bit(run, tmp_path, monkeypatch):
-    _, free = ppo_run(run, tmp_path / "free", *FLAGS)                # no guard: the KL grows
+@pytest.fixture(scope="module")
+def excursion(run, tmp_path_factory):
+    """A run whose KL grows (no guard), the state after its first iteration, and the same run with --kl_max between
+    the KL of its 2nd and 3rd rollouts, recording what each restore leaves in the models."""
+    out = tmp_path_factory.mktemp("rollback")
+    _, free = ppo_run(run, out / "free", *FLAGS)
     k = [r["objective/kl"] for r in free]
     assert k[1] < k[2]
     kl_max = (k[1] + k[2]) / 2                                       # iteration 3's rollout is above, 2's below
-    good = state_after(run, tmp_path / "good", 1, *FLAGS)            # the state iteration 2 started from
+    good = state_after(run, out / "good", 1, *FLAGS)                 # the state iteration 2 started from
     restored, restore = [], refs.Rollback.restore
 
     def recording(self, actor, critic, opts, kl_ctl):
         restore(self, actor, critic, opts, kl_ctl)
         restored.append(copy.deepcopy((actor.state_dict(), critic.state_dict(), [o.state_dict() for o in opts],
                                        kl_ctl.value)))
-    monkeypatch.setattr(refs.Rollback, "restore", recording)
-    summary, rows = ppo_run(run, tmp_path / "guarded", *FLAGS, f"--kl_max={kl_max}", "--rollback_beta_factor=3")
-    assert [r["policy/rollbacks"] for r in rows][:3] == [0, 0, 1] and summary["ref"]["rollbacks"] >= 1
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(refs.Rollback, "restore", recording)
+        flags = [*FLAGS, f"--kl_max={kl_max}", "--rollback_beta_factor=3"]
+        summary, rows = ppo_run(run, out / "guarded", *flags)
+    return dict(k=k, kl_max=kl_max, good=good, restored=restored, summary=summary, rows=rows, flags=flags, out=out)
+
+
+def test_rollback_restores_the_last_state_under_the_limit_bit_for_bit(excursion):
+    k, kl_max, good, rows = excursion["k"], excursion["kl_max"], excursion["good"], excursion["rows"]
+    assert [r["policy/rollbacks"] for r in rows][:3] == [0, 0, 1] and excursion["summary"]["ref"]["rollbacks"] >= 1
     assert [r["objective/kl"] for r in rows[:2]] == k[:2]             # identical until the excursion
-    actor, critic, opts, beta = restored[0]
+    actor, critic, opts, beta = excursion["restored"][0]
     assert actor.keys() == good["actor"].keys() and all(torch.equal(actor[n], good["actor"][n]) for n in actor)
     assert all(torch.equal(critic[n], good["critic"][n]) for n in critic)
     for o, g in zip(opts, good["opts"]):
@@ -207,13 +224,9 @@ def test_rollback_restores_the_last_state_under_the_limit_bit_for_bit(run, tmp_p
     assert rows[2]["objective/kl"] < kl_max                          # the redone rollout is from the good state
 
 
-def test_rollback_survives_a_resume(run, tmp_path):
-    _, free = ppo_run(run, tmp_path / "free", *FLAGS, "--ppo_iters=3")
-    kl_max = (free[1]["objective/kl"] + free[2]["objective/kl"]) / 2
-    flags = [*FLAGS, f"--kl_max={kl_max}"]
-    whole, rows = ppo_run(run, tmp_path / "whole", *flags)
-    assert rows[-1]["policy/rollbacks"] >= 1
-    state_after(run, tmp_path / "cut", 2, *flags)                    # killed before the rollback at iteration 3
-    again, rows2 = ppo_run(run, tmp_path / "cut", *flags)
+def test_rollback_survives_a_resume(run, excursion):
+    cut = excursion["out"] / "cut"
+    state_after(run, cut, 2, *excursion["flags"])                    # killed before the rollback at iteration 3
+    again, rows = ppo_run(run, cut, *excursion["flags"])
     strip = lambda rs: [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rs]
-    assert strip(rows2) == strip(rows) and again["final"] == whole["final"]
+    assert strip(rows) == strip(excursion["rows"]) and again["final"] == excursion["summary"]["final"]
