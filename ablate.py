@@ -6,6 +6,7 @@
     python ablate.py --conditions=no_kl,adaptive --seeds=5 --ppo_iters=80    # any train.py flag passes through
     python ablate.py --subdir=ablate_short --rollout_batch=32 --ppo_iters=40  # results into out/ablate_short/
     python ablate.py --jobs=1            # runs one after another, in this process (default: 2 processes, 1 thread each)
+    python ablate.py --suite=cheap       # cheaper references and the KL rollback -> also out/ablate/results_ref.md
 
 results.md gives each column's mean with a 95 % bootstrap interval over seeds, then each condition minus `adaptive`
 (or the suite's first condition) paired over seeds; an interval that holds 0 is printed "not separated".
@@ -54,8 +55,21 @@ CONDITIONS = {
     # fixed β from almost nothing to a lot; and a controller whose horizon (a tenth of the run) lets β move
     **{f"beta_{b}": ["--kl_ctl=fixed", f"--init_kl_coef={b}"] for b in ("0.001", "0.01", "0.03", "0.1", "0.3", "1")},
     "adaptive_fast": ["--kl_horizon=0"],
+    # how the reference is held (ref.py); ref_full is the default, as adaptive
+    "ref_full": [],
+    "ref_bf16": ["--ref=bf16"],
+    "ref_fp16": ["--ref=fp16"],
+    "ref_int8": ["--ref=int8"],
+    "ref_nf4": ["--ref=nf4"],
+    "ref_lora": ["--ref=lora"],
+    "ref_lora_lr10": ["--ref=lora", "--ppo_lr=5e-4"],          # adapters usually want a larger learning rate
+    "ref_shared_2": ["--ref=shared_2"],                        # the default model has 4 blocks: the top 2 train
+    # a run that drifts (weak fixed β, as fixed_0.005), and the same run with the KL rollback
+    "drift": ["--kl_ctl=fixed", "--init_kl_coef=0.005"],
+    "rollback": ["--kl_ctl=fixed", "--init_kl_coef=0.005", "--kl_max=10"],
 }
-SAME_AS = {"est_k1": "adaptive", "est_k1_reward": "adaptive", "est_k3_reward": "est_k3"}
+SAME_AS = {"est_k1": "adaptive", "est_k1_reward": "adaptive", "est_k3_reward": "est_k3", "ref_full": "adaptive",
+           "drift": "fixed_0.005"}
 CORE = ["no_kl", "rolling_ref", "fixed_0.005", "fixed_0.05", "fixed_0.5", "adaptive", "band", "linear_decay",
         "est_k1", "est_k3", "est_full_reward", "est_full_loss"]
 SUITES = {                      # a plain dict: add a suite by adding a line; `all` is the union, in this order
@@ -63,6 +77,8 @@ SUITES = {                      # a plain dict: add a suite by adding a line; `a
     "estimators": [f"est_{k}_{p}" for p in ("reward", "loss") for k in ("k1", "k2", "k3", "full")] + ["est_seq_mean"],
     "reference": ["fixed_0.05", "rolling_ref", "ref_sync", "ref_reset"],
     "anchors": ["no_kl", "adaptive", "ptx", "ptx_no_kl"],
+    "cheap": ["ref_full", "ref_bf16", "ref_fp16", "ref_int8", "ref_nf4", "ref_lora", "ref_lora_lr10", "ref_shared_2",
+              "drift", "rollback"],
     "beta": ["no_kl", "beta_0.001", "beta_0.01", "beta_0.03", "fixed_0.05", "beta_0.1", "beta_0.3", "beta_1",
              "adaptive", "adaptive_fast"],
 }
@@ -124,7 +140,8 @@ def one_run(job):
     if s is None or s.get("stamp") != stamp:
         train.seed_everything(seed)
         s = train.run_ppo(cfg, base, run_dir, stamp, log=lambda line: None)
-    return dict(condition=cond, seed=seed, **s["final"], kl_coef_final=s["kl_coef_final"], seconds=s["seconds"])
+    return dict(condition=cond, seed=seed, **s["final"], kl_coef_final=s["kl_coef_final"], seconds=s["seconds"],
+                ref=s.get("ref"))
 
 
 def baseline_row(cfg, base, seed):
@@ -186,6 +203,32 @@ def summarise(rows, order, base=DEFAULT_CONDITION, paired=("gold_mean", "kl", "p
             cis = [paired_ci(rows, cond, base, c) for c in paired]
             if cond not in (base, "pretrained") and cis[0]:
                 lines.append(f"| {cond} | {cis[0][3]} | " + " | ".join(verdict(ci) for ci in cis) + " |")
+    return "\n".join(lines) + "\n"
+
+
+REF_COLUMNS = [("bytes held for the reference", lambda r: r["ref"]["bytes"] / 1e6, "{:.2f} MB"),
+               ("trainable actor state", lambda r: r["ref"]["trainable_bytes"] / 1e6, "{:.2f} MB"),
+               ("KL to full ref, step 0", lambda r: r["ref"]["kl_step0"], "{:.4f}"),
+               ("gold", lambda r: r["gold_mean"], "{:+.2f}"), ("proxy", lambda r: r["proxy_mean"], "{:+.2f}"),
+               ("KL to full ref", lambda r: r["kl"], "{:.2f}"),
+               ("KL to own ref", lambda r: r["ref"]["kl_own_ref"], "{:.2f}"),
+               ("well-formed", lambda r: r["wellformed_rate"], "{:.2f}"),
+               ("s / iteration", lambda r: r["ref"]["seconds_per_iter"], "{:.2f}"),
+               ("rollbacks", lambda r: r["ref"]["rollbacks"], "{:.1f}")]
+
+
+def ref_table(rows, order):
+    """Markdown table "Making the reference cheap": bytes, step-0 KL, and the PPO run's results, mean [95 %]."""
+    lines = ["| condition | " + " | ".join(c for c, _, _ in REF_COLUMNS) + " |", "|---" * (len(REF_COLUMNS) + 1) + "|"]
+    for cond in order:
+        rs = [r for r in rows if r["condition"] == cond and r.get("ref")]
+        if rs:
+            cells = []
+            for _, get, fmt in REF_COLUMNS:
+                v = [get(r) for r in rs]
+                m, lo, hi = bootstrap_ci(v)                   # 95 % over seeds, where the seeds differ at all
+                cells.append(fmt.format(m) + (f" [{fmt.format(lo)}, {fmt.format(hi)}]" if hi > lo else ""))
+            lines.append(f"| `{cond}` | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -291,6 +334,11 @@ def ablate(opts, rest):
         store.write_text(os.path.join(adir, "results.md"), f"# ablate.py {' '.join(sys.argv[1:])}\n\n"
                          f"{len(jobs)} PPO runs, {time.time() - t0:.0f} s in all. Mean [95 % bootstrap "
                          f"interval] over the seeds listed; held-out prompts.\n\n{table}")
+        if any(c in SUITES["cheap"] for c in order):
+            store.write_text(os.path.join(adir, "results_ref.md"), f"# ablate.py {' '.join(sys.argv[1:])}\n\n"
+                             f"Making the reference cheap; mean [95 % bootstrap interval] over seeds; held-out "
+                             f"prompts.\n\n"
+                             f"{ref_table(rows, order)}")
         plot(rows, adir, order)
         write_examples(cfg, base, adir, order, seed0)
         print(table)

@@ -202,6 +202,9 @@ def check(cfg):
                     ("rollout_batch", p.rollout_batch), ("minibatch_size", p.minibatch_size)):
         if v % n:
             die(f"--{name}={v} is not divisible by the {n} processes torchrun started (--nproc_per_node)")
+    import ref                                              # its field's values need the model's depth
+    if ref.check(cfg):
+        die(ref.check(cfg))
     if run.device == "cuda" and not torch.cuda.is_available():
         die("--device=cuda but torch sees no CUDA device here (use --device=cpu or auto)")
     run.device = run.device if run.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"

@@ -35,7 +35,7 @@ from config import arg, RunError
 from kl import kl_full, make_kl_controller, per_token_kl, shaped_rewards
 from model import (StepGuard, adamw, encode_prompts, join_tokens, response_logits, response_mask, rng_states,
                    set_rng_states, token_logprobs)
-from ref import Reference
+from ref import Reference, Rollback, load_trainable
 from reward import response_values, score as reward_score
 
 
@@ -215,8 +215,9 @@ def pretraining_batches(cfg, gen):
 
 
 def make_optimizers(actor, critic, cfg):
-    """One AdamW each: the critic's loss never reaches the actor's step or its gradient clip."""
-    return (adamw(actor.parameters(), cfg.ppo_lr, eps=1e-5, weight_decay=0.0),
+    """One AdamW each: the critic's loss never reaches the actor's step or its gradient clip. The actor's holds only
+    what it trains (--ref=lora: the adapters; --ref=shared_n: the top blocks)."""
+    return (adamw([p for p in actor.parameters() if p.requires_grad], cfg.ppo_lr, eps=1e-5, weight_decay=0.0),
             adamw(critic.parameters(), cfg.vf_lr, eps=1e-5, weight_decay=0.0))
 
 
@@ -233,6 +234,7 @@ def train_ppo(actor, critic, ref, rm, enc, prompts, cfg, run_dir, stamp, log=pri
     guards = (StepGuard("PPO (actor)"), StepGuard("PPO (critic)"))
     kl_ctl = make_kl_controller(kc, pc.ppo_iters * pc.rollout_batch)
     pen_ref = ref                       # the penalty's reference: ref until rolling, sync or reset replaces it
+    rollback = Rollback(cfg.ref.rollback_beta_factor) if cfg.ref.kl_max else None    # --kl_max: the last good state
     prompt_gen = torch.Generator().manual_seed(run.seed)
     ptx_gen = torch.Generator().manual_seed(run.seed + 7)           # its own stream: ptx_coef=0 changes nothing
     ptx_batch = pretraining_batches(cfg, ptx_gen) if pc.ptx_coef > 0 else None
@@ -242,7 +244,7 @@ def train_ppo(actor, critic, ref, rm, enc, prompts, cfg, run_dir, stamp, log=pri
     if os.path.exists(state_path):
         s = store.load_torch(state_path)                   # on the CPU: RNG states must stay there
         if s["stamp"] == stamp:                    # same config, same inputs: go on where it stopped
-            actor.load_state_dict(s["actor"]); critic.load_state_dict(s["critic"])
+            load_trainable(actor, s["actor"]); critic.load_state_dict(s["critic"])   # frozen weights: from ref.pt
             for o, sd in zip(opts, s["opts"]):
                 o.load_state_dict(sd)
             for g, n in zip(guards, s["skipped"]):
@@ -251,6 +253,8 @@ def train_ppo(actor, critic, ref, rm, enc, prompts, cfg, run_dir, stamp, log=pri
             if s["pen_ref"] is not None:
                 pen_ref = Reference(actor)
                 pen_ref.model.load_state_dict(s["pen_ref"])
+            if rollback is not None:
+                rollback.load_state_dict(s["rollback"])
             prompt_gen.set_state(s["prompt_gen"]); ptx_gen.set_state(s["ptx_gen"])
             set_rng_states(dist.mine(s["rng"], state_path))          # torchrun: this rank's own streams
             metrics, start = s["metrics"], s["iter"]
@@ -266,12 +270,22 @@ def train_ppo(actor, critic, ref, rm, enc, prompts, cfg, run_dir, stamp, log=pri
         batch_prompts = [prompts[i] for i in idx]
         q, qm = (x.to(device) for x in encode_prompts(enc, batch_prompts))                      # (B, Tp)
         actor.eval(); critic.eval()                                # dropout off during RL; gradients still flow
-        # 1. rollout: the actor as it is now is the rollout policy π_θ_old
-        resp, _ = actor.generate(q, run.response_length, run.temperature, eos=eos, mask=qm)    # (B, R)
-        # 2. experience
-        beta = kl_ctl.value
-        batch, info = make_experience(actor, critic, ref, pen_ref, rm, q, qm, resp, eos, beta, kc, pc, run.temperature)
-        if it == 0 and dist.all_reduce(info["kl_exact"].abs().max(), "max") > 1e-6:
+        def rollout():
+            # 1. rollout: the actor as it is now is the rollout policy π_θ_old
+            resp, _ = actor.generate(q, run.response_length, run.temperature, eos=eos, mask=qm)    # (B, R)
+            # 2. experience
+            return resp, kl_ctl.value, *make_experience(actor, critic, ref, pen_ref, rm, q, qm, resp, eos,
+                                                        kl_ctl.value, kc, pc, run.temperature)
+        resp, beta, batch, info = rollout()
+        if rollback is not None:          # --kl_max: above it, back to the last state under it, β up, rollout redone
+            kl_now = dist.all_reduce(info["kl_exact"].mean().item(), "mean")      # torchrun: one decision for all
+            if kl_now > cfg.ref.kl_max and rollback.state is not None:
+                rollback.restore(actor, critic, opts, kl_ctl)
+                resp, beta, batch, info = rollout()
+                kl_now = dist.all_reduce(info["kl_exact"].mean().item(), "mean")
+            if kl_now <= cfg.ref.kl_max:
+                rollback.keep(actor, critic, opts, kl_ctl)         # under the limit: the state to come back to
+        if it == 0 and ref.exact and dist.all_reduce(info["kl_exact"].abs().max(), "max") > 1e-6:
             raise RunError(f"the first rollout is {info['kl_exact'].max().item():.3g} nats from the reference, not 0: "
                            "the actor does not start as the reference (a stale ref.pt?); redo with --fresh")
         snapshot = Reference(actor) if kc.ref_update == "rolling" else None     # this iteration's policy, frozen
@@ -300,6 +314,7 @@ def train_ppo(actor, critic, ref, rm, enc, prompts, cfg, run_dir, stamp, log=pri
                "policy/clipfrac_avg": stats["clipfrac"], "policy/approxkl_avg": stats["approxkl"],
                "policy/ratio_dev_first": stats["ratio_dev_first"],
                "policy/skipped_updates": guards[0].skipped + guards[1].skipped,
+               "policy/rollbacks": rollback.count if rollback else 0,
                "loss/policy_avg": stats["pg_loss"], "loss/value_avg": stats["vf_loss"], "loss/kl_avg": stats["kl_loss"],
                "loss/ptx_avg": stats["ptx_loss"],
                "val/clipfrac_avg": stats["vf_clipfrac"], "val/ratio": stats["ratio"],
@@ -325,5 +340,6 @@ def train_ppo(actor, critic, ref, rm, enc, prompts, cfg, run_dir, stamp, log=pri
                                       kl_ctl=asdict(kl_ctl), prompt_gen=prompt_gen.get_state(),
                                       ptx_gen=ptx_gen.get_state(), rng=rng,
                                       pen_ref=None if pen_ref is ref else pen_ref.model.state_dict(),
+                                      rollback=rollback.state_dict() if rollback else None,
                                       metrics=metrics), state_path)
     return metrics, kl_ctl.value

@@ -29,11 +29,12 @@ from kl import KLConfig
 from model import (GPT, GPTConfig, StepGuard, adamw, autocast, load_checkpoint, rng_states, save_checkpoint,
                    set_rng_states)
 from ppo import PPOConfig, train_ppo
-from ref import Reference
+import ref as refs
+from ref import Reference, RefConfig
 from reward import RewardConfig, load_scalar_model, make_preferences, save_scalar_model, train_reward_model
 
 GROUPS = dict(run=RunConfig, world=WorldConfig, gpt=GPTConfig, pretrain=PretrainConfig, reward=RewardConfig,
-              kl=KLConfig, ppo=PPOConfig, inspect=InspectConfig)
+              kl=KLConfig, ppo=PPOConfig, ref=RefConfig, inspect=InspectConfig)
 
 
 def parse(argv):
@@ -196,17 +197,31 @@ def run_ppo(cfg, base, run_dir, stamp, log=print):
     enc = data.load_tokenizer(base, cfg.world.tokenizer)
     prompts = data.load_prompts(base)
     actor, ref, rm = load_models(base, run.device)
+    actor, ref = refs.make_reference(actor, ref.model, cfg.ref)      # --ref=full: the same two models
+    memory = refs.memory_bytes(actor, ref)
     critic = copy.deepcopy(rm).requires_grad_(True)                  # the critic starts as the reward model
     metrics, beta = train_ppo(actor, critic, ref, rm, enc, prompts["train"], cfg, run_dir, stamp, log)
     if not dist.is_main():                                           # torchrun: rank 0 evaluates and writes
         return None
-    save_checkpoint(actor, os.path.join(run_dir, "actor.pt"))
-    ref_ckpt = store.load_torch(os.path.join(base, "ref.pt"))["model"]
-    unchanged = all(torch.equal(v.cpu(), ref_ckpt[k]) for k, v in ref.model.state_dict().items())
+    save_checkpoint(refs.plain_actor(actor), os.path.join(run_dir, "actor.pt"))    # lora: adapters merged
+    full_ref = Reference(load_checkpoint(os.path.join(base, "ref.pt"), run.device)[0])
+    unchanged = refs.unchanged(ref, full_ref.model, cfg.ref)
     seed_everything(run.seed + 1)
-    final, _ = evaluate_policy(actor, enc, prompts["heldout"], run, ref, rm, cfg.ppo.n_eval)
+    final, _ = evaluate_policy(actor, enc, prompts["heldout"], run, full_ref, rm, cfg.ppo.n_eval)  # KL to full ref
     summary = dict(final=final, reference_unchanged=unchanged, kl_coef_final=beta, stamp=stamp,
                    skipped_updates=metrics[-1]["policy/skipped_updates"], seconds=metrics[-1]["time/elapsed"])
+    own, step0 = final["kl"], 0.0                                   # full: the same model; exact: 0 at step 0,
+    if cfg.ref.ref != "full":                                        # checked at the first rollout
+        seed_everything(run.seed + 1)                               # the same samples, scored by the run's ref
+        own = evaluate_policy(actor, enc, prompts["heldout"], run, ref, rm, cfg.ppo.n_eval)[0]["kl"]
+    if not ref.exact:
+        seed_everything(run.seed + 1)
+        step0 = refs.step0_kl(load_checkpoint(os.path.join(base, "pretrain.pt"), run.device)[0], ref, enc,
+                              prompts["heldout"], run, rm, cfg.ppo.n_eval)
+    summary["ref"] = dict(kind=cfg.ref.ref, bytes=memory["ref"], actor_bytes=memory["actor"],
+                          trainable_bytes=memory["trainable"], kl_step0=step0, kl_own_ref=own,
+                          seconds_per_iter=metrics[-1]["time/elapsed"] / len(metrics),
+                          rollbacks=metrics[-1]["policy/rollbacks"])
     store.save_json(os.path.join(run_dir, "ppo.json"), summary)
     plot_metrics(metrics, os.path.join(run_dir, "ppo.png"))
     store.remove(os.path.join(run_dir, "ppo_state.pt"))             # finished: ppo.json is the record
@@ -265,7 +280,7 @@ STAGES = [
           ["seed", "dtype"] + _names(RewardConfig), None),
     Stage("ppo", stage_ppo, ["pretrain.pt", "ref.pt", "reward.pt", "train.bin"] + TOK,   # train.bin: ptx
           ["actor.pt", "metrics.jsonl", "ppo.json", "ppo.png"],
-          _SAMPLING + [n for n in _names(KLConfig, PPOConfig) if n != "save_interval"], "ppo_state.pt"),
+          _SAMPLING + [n for n in _names(KLConfig, PPOConfig, RefConfig) if n != "save_interval"], "ppo_state.pt"),
     Stage("report", stage_report, ["pretrain.pt", "actor.pt", "ref.pt", "reward.pt"] + TOK,
           ["report.md", "report.json"], _SAMPLING + ["n_eval"], None),
 ]

@@ -74,7 +74,23 @@ def test_paired_differences_and_not_separated():
     assert b[0] == 0.0 and b[1] < 0 < b[2] and b[3] == 3 and ablate.verdict(b).endswith("not separated")
 
 
+def test_the_cheap_reference_table(run):
+    """results_ref.md: one row per condition, from the runs' ppo.json (bytes, step-0 KL, KL to the full and to
+    the run's own reference, rollbacks)."""
+    ablate.main(["--preset=smoke", f"--out_dir={run}", "--quick", "--ppo_iters=2", "--n_eval=8", "--jobs=1",
+                 "--conditions=ref_int8,rollback", "--subdir=ablate_ref"])
+    adir = os.path.join(run, "ablate_ref")
+    rows = {r["condition"]: r for r in store.load_json(os.path.join(adir, "results.jsonl"), lines=True)}
+    assert rows["ref_int8"]["ref"]["kind"] == "int8" and rows["ref_int8"]["ref"]["kl_step0"] > 0
+    assert rows["rollback"]["ref"]["bytes"] > rows["ref_int8"]["ref"]["bytes"] > 0
+    lines = open(os.path.join(adir, "results_ref.md")).read().splitlines()
+    row = next(line for line in lines if line.startswith("| `ref_int8` |")).split(" | ")
+    assert float(row[1].split()[0]) == pytest.approx(rows["ref_int8"]["ref"]["bytes"] / 1e6, abs=0.01)
+    assert any(line.startswith("| `rollback` |") for line in lines)
+
+
 @pytest.mark.parametrize("argv, message", [(["--conditions=no_kl,magic"], "unknown condition"),
+                                           (["--suite=huge"], "bad value for --suite"),
                                            (["--conditions=no_kl,no_kl"], "twice"), (["--seeds=0"], ">= 1"),
                                            (["--seeds=x"], "bad value"), (["--ppo_iters=0"], "--ppo_iters"),
                                            (["--suite=nope"], "unknown suite")])
