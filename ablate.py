@@ -107,7 +107,7 @@ def parse(argv):
         else:
             user.append(a)
     if opts["suite"] not in SUITES:
-        die(f"unknown suite {opts['suite']!r} (choose {', '.join(SUITES)})")
+        die(f"bad value for --suite: {opts['suite']!r} (choose {', '.join(SUITES)})")
     opts["conditions"] = opts["conditions"] or ",".join(SUITES[opts["suite"]])
     conds = opts["conditions"].split(",")
     unknown = [c for c in conds if c not in CONDITIONS]

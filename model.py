@@ -164,11 +164,6 @@ def adamw(params, lr, **kw):
 MAX_BAD_STEPS = 5      # non-finite steps in a row that stop a run
 
 
-def autocast(device, dtype):
-    """Training passes in bf16 where --dtype=bf16: matmuls in bf16, weights, gradients and AdamW in fp32."""
-    return torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=dtype == "bf16")
-
-
 class StepGuard:
     """One optimizer step per call, skipped (and counted) when the loss or the gradient is not finite, so no NaN
     reaches the weights; MAX_BAD_STEPS skips in a row stop the run with a one-line error."""
@@ -199,7 +194,9 @@ def autocast(device, dtype):
     """The precision of every forward in a stage: bf16 autocast, or fp32 (a no-op). One setting for the rollout, the
     old log-probs, the reference and the update, so the first ratio is 1 and the first KL 0. Weights, gradients and
     optimizer states stay fp32, and log-probs are taken in fp32 (response_logits), so no loss scaling is needed."""
-    return torch.autocast(device.split(":")[0], torch.bfloat16, enabled=dtype == "bf16")
+    # cache_enabled=False: autocast caches the bf16 copy of each weight until the context exits; a context held
+    # around a whole stage would then train fp32 weights while every forward kept reading their first bf16 copy
+    return torch.autocast(device.split(":")[0], torch.bfloat16, enabled=dtype == "bf16", cache_enabled=False)
 
 
 def rng_states():
