@@ -208,7 +208,7 @@ def summarise(rows, order, base=DEFAULT_CONDITION, paired=("gold_mean", "kl", "p
 
 REF_COLUMNS = [("bytes held for the reference", lambda r: r["ref"]["bytes"] / 1e6, "{:.2f} MB"),
                ("trainable actor state", lambda r: r["ref"]["trainable_bytes"] / 1e6, "{:.2f} MB"),
-               ("KL to full ref, step 0", lambda r: r["ref"]["kl_step0"], "{:.4f}"),
+               ("KL to full ref, step 0", lambda r: r["ref"]["kl_step0"], "{:.1e}"),
                ("gold", lambda r: r["gold_mean"], "{:+.2f}"), ("proxy", lambda r: r["proxy_mean"], "{:+.2f}"),
                ("KL to full ref", lambda r: r["kl"], "{:.2f}"),
                ("KL to own ref", lambda r: r["ref"]["kl_own_ref"], "{:.2f}"),
