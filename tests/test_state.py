@@ -46,7 +46,7 @@ def numbers(out):
 @pytest.mark.parametrize("args, message", [
     (["--nope=1"], "unknown flag"), (["max_iters=3"], "unknown flag"), (["--max_iters=abc"], "bad value"),
     (["--fresh=maybe"], "bad value"), (["--stage=bogus"], "bad value for --stage"), (["--preset=huge"], "bad value"),
-    (["--kl_estimator=k9"], "bad value"), (["--ref_sync_alpha=0"], "(0,1]"), (["--ref_update=soft"], "bad value"), (["--device=tpu"], "bad value"), (["--lr=nan"], "finite"),
+    (["--kl_estimator=k9"], "bad value"), (["--ref_sync_alpha=0"], "(0,1]"), (["--ref_update=soft"], "bad value"), (["--ref=int8", "--ref_update=sync"], "needs --ref=full"), (["--device=tpu"], "bad value"), (["--lr=nan"], "finite"),
     (["--lr=inf"], "finite"), (["--lr=0"], "must be >0"), (["--gamma=1.5"], "[0,1]"), (["--n_pairs=1"], "--n_pairs=1"),
     (["--n_reviews=20"], "--n_reviews"), (["--minibatch_size=100"], "--minibatch_size=100"),
     (["--response_length=100"], "--block_size=96"), (["--n_head=3"], "not divisible"),
