@@ -12,6 +12,7 @@ Left out on purpose: plural aspects, articles ("a"/"an"), anything that needs re
 import base64, math, os, random, re
 from collections import Counter
 import numpy as np
+import torch
 
 import store
 
@@ -364,6 +365,14 @@ def build_world(out_dir, seed=1337, n_reviews=20000, val_frac=0.05, heldout_frac
     store.save_json(os.path.join(out_dir, "prompts.json"), prompts)
     store.save_json(os.path.join(out_dir, "world.json"), summary)
     return summary
+
+def windows(tokens, n, block, gen, device="cpu"):
+    """n random windows of block + 1 tokens from a token array (train.bin or val.bin as a memmap), drawn with the
+    torch.Generator `gen`: inputs (n, block) and their next tokens (n, block), the language-model targets."""
+    ix = torch.randint(len(tokens) - block - 1, (n,), generator=gen).tolist()
+    xy = torch.from_numpy(np.stack([tokens[i:i + block + 1].astype(np.int64) for i in ix])).to(device)
+    return xy[:, :-1], xy[:, 1:]                                                             # (n, T), (n, T)
+
 
 def load_prompts(out_dir):
     return store.load_json(os.path.join(out_dir, "prompts.json"))

@@ -207,11 +207,7 @@ def pretraining_batches(cfg, gen):
     d = np.memmap(os.path.join(cfg.run.out_dir, "train.bin"), dtype=np.uint16, mode="r")
     n, block = cfg.ppo.minibatch_size, cfg.gpt.block_size
 
-    def get():
-        ix = torch.randint(len(d) - block - 1, (n,), generator=gen).tolist()
-        xy = torch.from_numpy(np.stack([d[i:i + block + 1].astype(np.int64) for i in ix])).to(cfg.run.device)
-        return xy[:, :-1], xy[:, 1:]                                                         # (n, T), (n, T)
-    return get
+    return lambda: data.windows(d, n, block, gen, cfg.run.device)                        # (n, T), (n, T)
 
 
 def make_optimizers(actor, critic, cfg):

@@ -70,10 +70,7 @@ def stage_pretrain(cfg, stamp):
     batch_size = pt.batch_size // dist.world()                                 # torchrun: each rank its share
 
     def get_batch(split):                                   # random windows of block_size + 1 tokens
-        d = splits[split]
-        ix = torch.randint(len(d) - gcfg.block_size - 1, (batch_size,), generator=gen).tolist()
-        xy = torch.from_numpy(np.stack([d[i:i + gcfg.block_size + 1].astype(np.int64) for i in ix]))
-        return xy[:, :-1].to(run.device), xy[:, 1:].to(run.device)       # (B, T), (B, T)
+        return data.windows(splits[split], batch_size, gcfg.block_size, gen, run.device)   # (B, T), (B, T)
 
     @torch.no_grad()
     def val_loss():
