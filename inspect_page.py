@@ -10,9 +10,12 @@ token shows both numbers and the actor's and the reference's top-5 next tokens w
 table under each response lists the same. Gold (the simulated human) and proxy (the reward model) scores head each
 response. One self-contained file: inline CSS, no scripts, no fonts, no images.
 Named inspect_page.py, not inspect.py: a top-level inspect.py would shadow Python's own `inspect` module.
-Left out: the token's advantage from the last PPO batch (the critic is not saved after PPO), interactive plots.
+When the actor's folder holds the critic and ppo.json that PPO wrote beside it, each of the actor's tokens also
+shows its advantage: ppo.make_experience run on that one response with the final critic and the final β under the
+run's own KL and PPO settings (GAE before whitening; the penalty to the frozen reference, also for a moving one).
+Left out: advantages for the pretrained model's tokens (the critic judges the actor's policy), interactive plots.
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 import html, os
 import torch
 
@@ -20,6 +23,7 @@ import data, store
 from config import RunError, arg
 from kl import kl_full
 from model import encode_prompts, load_checkpoint, response_logits, response_mask, token_logprobs, join_tokens
+from ppo import make_experience
 from ref import Reference
 from reward import load_scalar_model, score as reward_score
 
@@ -34,9 +38,10 @@ SCALE = 1.0                     # nats at which a token's colour is full
 
 
 @torch.no_grad()
-def token_rows(model, ref, enc, prompt, response, temperature):
+def token_rows(model, ref, enc, prompt, response, temperature, critic=None):
     """Per response token (up to end-of-text): its id and text, k1 and exact KL to the reference, and the top-5
-    next tokens (text, probability) of the model and of the reference at that position."""
+    next tokens (text, probability) of the model and of the reference at that position. critic: None, or
+    (critic, rm, β, kl config, ppo config) to add each token's advantage as PPO computes it."""
     q, qm = encode_prompts(enc, [prompt])                                                    # (1, Tp)
     resp = torch.tensor([response])                                                          # (1, R)
     mask = response_mask(resp, enc.eot_token)[0]                                             # (R,)
@@ -48,8 +53,15 @@ def token_rows(model, ref, enc, prompt, response, temperature):
     def top5(lg):                                                                            # lg (V,)
         p, i = lg.softmax(-1).topk(5)
         return [(enc.decode([j]), q) for q, j in zip(p.tolist(), i.tolist())]
+    adv = torch.full_like(k1, float("nan"))                                                  # (R,) nan: not shown
+    if critic is not None:
+        value_model, rm, beta, kl_cfg, ppo_cfg = critic
+        _, info = make_experience(model, value_model, ref, ref, rm, q, qm, resp, enc.eot_token, beta, kl_cfg,
+                                  ppo_cfg, temperature)
+        adv = info["advantages"][0]
     return [dict(id=response[t], text=enc.decode([response[t]]), k1=k1[t].item(), kl=exact[t].item(),
-                 actor_top=top5(logits[0, t]), ref_top=top5(ref_logits[0, t])) for t in range(int(mask.sum()))]
+                 adv=adv[t].item(), actor_top=top5(logits[0, t]), ref_top=top5(ref_logits[0, t]))
+            for t in range(int(mask.sum()))]
 
 
 def shown(text):
@@ -63,23 +75,27 @@ def colour(v, signed):
 
 def token_span(r, key):
     tops = lambda xs: ", ".join(f"{shown(s)!s} {p:.3f}" for s, p in xs)
-    title = (f"k1 {r['k1']:+.4f} | exact {r['kl']:.4f}&#10;actor: {tops(r['actor_top'])}&#10;"
+    adv = "" if r["adv"] != r["adv"] else f" | advantage {r['adv']:+.4f}"                     # nan: no critic
+    title = (f"k1 {r['k1']:+.4f} | exact {r['kl']:.4f}{adv}&#10;actor: {tops(r['actor_top'])}&#10;"
              f"reference: {tops(r['ref_top'])}")
     return (f'<span class="t" style="background:{colour(r[key], key == "k1")}" data-tok="{r["id"]}" '
-            f'data-k1="{r["k1"]:.6f}" data-kl="{r["kl"]:.6f}" title="{title}">{shown(r["text"])}</span>')
+            f'data-k1="{r["k1"]:.6f}" data-kl="{r["kl"]:.6f}" data-adv="{r["adv"]:.6f}" title="{title}">'
+            f'{shown(r["text"])}</span>')
 
 
 def response_block(name, model_path, prompt, rows, gold, proxy):
     tops = lambda xs: "<br>".join(f"{shown(s)} {p:.3f}" for s, p in xs)
+    adv = lambda r: "" if r["adv"] != r["adv"] else f"{r['adv']:+.3f}"
     table = "".join(f"<tr><td>{t}</td><td>{shown(r['text'])}</td><td>{r['k1']:+.4f}</td><td>{r['kl']:.4f}</td>"
-                    f"<td>{tops(r['actor_top'])}</td><td>{tops(r['ref_top'])}</td></tr>" for t, r in enumerate(rows))
+                    f"<td>{adv(r)}</td><td>{tops(r['actor_top'])}</td><td>{tops(r['ref_top'])}</td></tr>"
+                    for t, r in enumerate(rows))
     return (f'<div class="resp" data-model="{html.escape(model_path)}" data-prompt="{html.escape(prompt)}">'
             f'<h3>{html.escape(name)}: gold {gold:+.2f}, proxy {proxy:+.2f}, '
             f'KL {sum(r["kl"] for r in rows):.2f} nats (k1 sum {sum(r["k1"] for r in rows):+.2f})</h3>'
             f'<p class="line"><b>exact</b> {"".join(token_span(r, "kl") for r in rows)}</p>'
             f'<p class="line"><b>k1</b> {"".join(token_span(r, "k1") for r in rows)}</p>'
             f'<details><summary>per token</summary><table><tr><th>t</th><th>token</th><th>k1</th><th>exact KL</th>'
-            f'<th>actor top-5</th><th>reference top-5</th></tr>{table}</table></details></div>')
+            f'<th>advantage</th><th>actor top-5</th><th>reference top-5</th></tr>{table}</table></details></div>')
 
 
 CSS = ("body{font-family:sans-serif;max-width:70em;margin:2em auto;line-height:1.6}"
@@ -96,6 +112,18 @@ def write_page(path, title, blocks, note):
     return page
 
 
+def ppo_critic(cfg, folder, rm):
+    """(critic, rm, final β, KL config, PPO config) of the PPO run that wrote folder's actor.pt, from the critic.pt
+    and ppo.json beside it (the settings as that run recorded them, not this command's flags); None without them."""
+    files = [os.path.join(folder, n) for n in ("critic.pt", "ppo.json")]
+    if not all(map(os.path.exists, files)):
+        return None
+    record = store.load_json(files[1])
+    ran = lambda group: replace(group, **{k: v for k, v in record["stamp"]["config"].items() if hasattr(group, k)})
+    critic, _ = load_scalar_model(files[0], cfg.run.device)
+    return critic, rm, record["kl_coef_final"], ran(cfg.kl), ran(cfg.ppo)
+
+
 def stage_inspect(cfg, stamp):
     run, n = cfg.run, cfg.inspect.inspect_n
     out = run.out_dir
@@ -107,6 +135,7 @@ def stage_inspect(cfg, stamp):
     ref = Reference(load_checkpoint(os.path.join(out, "ref.pt"), run.device)[0])
     rm, _ = load_scalar_model(os.path.join(out, "reward.pt"), run.device)
     actor, _ = load_checkpoint(actor_path, run.device)
+    critic = ppo_critic(cfg, os.path.dirname(actor_path), rm)
     heldout = data.load_prompts(out)["heldout"]
     prompts = heldout[::max(1, len(heldout) // n)][:n]                 # spread over the held-out subjects
     blocks = []
@@ -119,14 +148,16 @@ def stage_inspect(cfg, stamp):
         proxy = reward_score(rm, join_tokens(q, qm, resp, mask), enc.eot_token).tolist()
         for i, p in enumerate(prompts):
             tokens = resp[i][mask[i]].tolist()
-            rows = token_rows(model, ref, enc, p, tokens, run.temperature)
+            rows = token_rows(model, ref, enc, p, tokens, run.temperature, critic if model is actor else None)
             gold = data.gold_score(p, enc.decode(tokens))
             blocks.append((i, f'<h2>{shown(p.strip())}</h2>' if name == "pretrained" else "",
                            response_block(name, mpath, p, rows, gold, proxy[i])))
     blocks = [h + b for _, h, b in sorted(blocks, key=lambda x: x[0])]   # per prompt: pretrained, then RLHF
     note = (f"Held-out prompts, temperature {run.temperature}. Colour: KL to the frozen reference per token, full "
             f"at {SCALE} nat (red: the actor likes the token more than the reference; blue, k1 only: less). "
-            "Hover a token for both numbers and the top-5 next tokens of the actor and the reference.")
+            "Hover a token for both numbers and the top-5 next tokens of the actor and the reference. "
+            + ("The actor's tokens also show their advantage (GAE before whitening) under the final critic and "
+               f"β = {critic[2]:.4g}." if critic else "No critic.pt beside the actor: no advantages."))
     path = os.path.join(os.path.dirname(actor_path) if cfg.inspect.inspect_actor else out, "inspect.html")
     write_page(path, "tether: which tokens the reference pulls back", blocks, note)
     print(f"inspect: {len(prompts)} prompts, pretrained and RLHF actor -> {path}")

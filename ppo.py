@@ -149,6 +149,7 @@ def make_experience(actor, critic, ref, pen_ref, rm, query, query_mask, response
         if kl_cfg.kl_estimator == "full":
             batch["ref_logits"] = pen_logits
     info = dict(scores=scores, truncated=truncated, rewards=rewards, mask=mask,
+                advantages=torch.where(mask, advantages, 0.0),            # (B, R) before whitening: inspect page
                 kl=torch.where(mask, kl, 0.0),                            # (B, R) the estimator, as penalised
                 non_score=torch.where(mask, -beta * in_reward, 0.0).sum(1),  # (B,) the penalty the rewards hold
                 kl_exact=(kl_full(logits, ref_logits) * mask).sum(1),     # (B,) exact, to the frozen reference

@@ -201,6 +201,7 @@ def run_ppo(cfg, base, run_dir, stamp, log=print):
     if not dist.is_main():                                           # torchrun: rank 0 evaluates and writes
         return None
     save_checkpoint(refs.plain_actor(actor), os.path.join(run_dir, "actor.pt"))    # lora: adapters merged
+    save_scalar_model(critic, os.path.join(run_dir, "critic.pt"))    # the inspect page's per-token advantages
     full_ref = Reference(load_checkpoint(os.path.join(base, "ref.pt"), run.device)[0])
     unchanged = refs.unchanged(ref, full_ref.model, cfg.ref)
     seed_everything(run.seed + 1)
@@ -276,7 +277,7 @@ STAGES = [
     Stage("reward", stage_reward, ["pretrain.pt", "prefs.jsonl"], ["reward.pt", "reward.json"],
           ["seed", "dtype"] + _names(RewardConfig), None),
     Stage("ppo", stage_ppo, ["pretrain.pt", "ref.pt", "reward.pt", "train.bin"] + TOK,   # train.bin: ptx
-          ["actor.pt", "metrics.jsonl", "ppo.json", "ppo.png"],
+          ["actor.pt", "critic.pt", "metrics.jsonl", "ppo.json", "ppo.png"],
           _SAMPLING + [n for n in _names(KLConfig, PPOConfig, RefConfig) if n != "save_interval"], "ppo_state.pt"),
     Stage("report", stage_report, ["pretrain.pt", "actor.pt", "ref.pt", "reward.pt"] + TOK,
           ["report.md", "report.json"], _SAMPLING + ["n_eval"], None),
