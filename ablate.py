@@ -108,6 +108,7 @@ def parse(argv):
             user.append(a)
     if opts["suite"] not in SUITES:
         die(f"bad value for --suite: {opts['suite']!r} (choose {', '.join(SUITES)})")
+    opts["user_conditions"] = bool(opts["conditions"])
     opts["conditions"] = opts["conditions"] or ",".join(SUITES[opts["suite"]])
     conds = opts["conditions"].split(",")
     unknown = [c for c in conds if c not in CONDITIONS]
@@ -232,6 +233,26 @@ def ref_table(rows, order):
     return "\n".join(lines) + "\n"
 
 
+def beta_table(adir, rows, order, at=(1, 0.25, 0.5, 0.75, 1.0)):
+    """Markdown: β at the first iteration and at fractions of the run, mean over seeds, for the conditions whose β
+    moves (read from each run's metrics.jsonl); empty when none does."""
+    lines = []
+    for cond in (c for c in order if c != "pretrained"):
+        curves = []
+        for r in (r for r in rows if r["condition"] == cond):
+            with open(os.path.join(adir, folder(cond), f"seed{r['seed']}", "metrics.jsonl")) as f:
+                curves.append([json.loads(line)["objective/kl_coef"] for line in f])
+        if curves and len({round(b, 12) for c in curves for b in c}) > 1:
+            n = len(curves[0])
+            its = [1] + [max(1, round(f * n)) for f in at[1:]]
+            lines.append(f"| {cond} | " + " | ".join(f"{np.mean([c[i - 1] for c in curves]):.4f}" for i in its) + " |")
+            head = "| condition | " + " | ".join(f"β at iter {i}" for i in its) + " |"
+    if not lines:
+        return ""
+    return ("\nβ over the run (mean over seeds; the β each iteration's rewards used):\n\n" + head + "\n"
+            + "|---" * 6 + "|\n" + "\n".join(lines) + "\n")
+
+
 def plot(rows, adir, order):
     try:
         import matplotlib
@@ -331,9 +352,12 @@ def ablate(opts, rest):
         store.save_json(os.path.join(adir, "results.jsonl"), rows, lines=True)
         order = ["pretrained"] + order
         table = summarise(rows, order)
-        store.write_text(os.path.join(adir, "results.md"), f"# ablate.py {' '.join(sys.argv[1:])}\n\n"
-                         f"{len(jobs)} PPO runs, {time.time() - t0:.0f} s in all. Mean [95 % bootstrap "
-                         f"interval] over the seeds listed; held-out prompts.\n\n{table}")
+        report = (f"# ablate.py {' '.join(sys.argv[1:])}\n\n{len(jobs)} PPO runs, {time.time() - t0:.0f} s in all "
+                  f"(runs reused from earlier commands take 0 s). Mean [95 % bootstrap interval] over the seeds "
+                  f"listed; held-out prompts.\n\n{table}{beta_table(adir, rows, order)}")
+        store.write_text(os.path.join(adir, "results.md"), report)
+        if not opts["user_conditions"]:                               # a suite's table survives the next suite
+            store.write_text(os.path.join(adir, f"results_{opts['suite']}.md"), report)
         if any(c in SUITES["cheap"] for c in order):
             store.write_text(os.path.join(adir, "results_ref.md"), f"# ablate.py {' '.join(sys.argv[1:])}\n\n"
                              f"Making the reference cheap; mean [95 % bootstrap interval] over seeds; held-out "

@@ -1,6 +1,6 @@
 """A tiny ablation: every condition runs and reports finite numbers; finished runs are reused; bad options and
 Ctrl-C are one line, and Ctrl-C leaves no worker behind."""
-import math, os, signal, subprocess, sys, time
+import json, math, os, signal, subprocess, sys, time
 import numpy as np
 import pytest
 import ablate, store, train
@@ -20,6 +20,13 @@ def test_every_condition_appears_with_finite_values_and_finished_runs_are_reused
             assert math.isfinite(r[c]), (r["condition"], c)
     table = open(os.path.join(adir, "results.md")).read()
     assert all(f"| {c} | 1337 |" in table for c in ablate.SUITES["core"])
+    assert open(os.path.join(adir, "results_core.md")).read() == table      # the suite's own copy
+    beta = [line for line in table.split("β over the run")[1].splitlines() if line.startswith("| ")][1:]
+    assert [line.split(" | ")[0][2:] for line in beta] == ["adaptive", "band", "linear_decay", "est_k1", "est_k3",
+                                                           "est_full_reward", "est_full_loss"]   # β moves in these
+    with open(os.path.join(adir, "adaptive", "seed1337", "metrics.jsonl")) as f:
+        last = [float(x) for x in beta[0].strip(" |").split(" | ")[1:]][-1]
+        assert last == pytest.approx(json.loads(f.readlines()[-1])["objective/kl_coef"], abs=1e-4)
     examples = open(os.path.join(adir, "examples.md")).read()
     assert "## pretrained" in examples and "## no_kl" in examples
     no_kl = next(r for r in rows if r["condition"] == "no_kl")
@@ -32,9 +39,11 @@ def test_every_condition_appears_with_finite_values_and_finished_runs_are_reused
     twin = os.path.join(adir, "est_k3", "seed1337", "actor.pt")
     mtime = os.path.getmtime(twin)
     new = ["est_k1_reward", "est_k3_reward", "est_k2_loss", "est_seq_mean", "ref_sync", "ptx_no_kl", "adaptive_fast"]
+    core = open(os.path.join(adir, "results_core.md")).read()
     ablate.main(argv + [f"--conditions={','.join(new)}"])              # SAME_AS twins reuse core's runs
     again = store.load_json(os.path.join(adir, "results.jsonl"), lines=True)
     assert [r["condition"] for r in again] == ["pretrained"] + new and os.path.getmtime(twin) == mtime
+    assert open(os.path.join(adir, "results_core.md")).read() == core       # --conditions: no suite file
     assert not os.path.exists(os.path.join(adir, "est_k3_reward"))
     assert all(math.isfinite(r[c]) for r in again for c in ablate.COLUMNS)
     k3 = next(r for r in rows if r["condition"] == "est_k3")
