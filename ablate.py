@@ -250,7 +250,7 @@ def beta_table(adir, rows, order, at=(1, 0.25, 0.5, 0.75, 1.0)):
     if not lines:
         return ""
     return ("\nβ over the run (mean over seeds; the β each iteration's rewards used):\n\n" + head + "\n"
-            + "|---" * 6 + "|\n" + "\n".join(lines) + "\n")
+            + "|---" * (len(at) + 1) + "|\n" + "\n".join(lines) + "\n")
 
 
 def plot(rows, adir, order):
