@@ -7,20 +7,39 @@ either the old file or the new one, never a torn one. `out_dir/stages.json` hold
 current flags and files before any work. `Lock` keeps a second run out of a folder (released by the OS on kill).
 Left out: locking on network file systems, garbage collection of old run folders.
 """
-import hashlib, json, os
+import contextlib, hashlib, json, os, signal, threading
 import torch
 
 from config import RunError
 
 
+@contextlib.contextmanager
+def _hold_ctrl_c():
+    """Ctrl-C is held until the file is whole, then raised: torch.save's C++ writer, interrupted mid-write, raises
+    a RuntimeError ("unexpected pos"), not KeyboardInterrupt, and the run would die with a traceback."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:    # e.g. ablate's workers ignore it
+        yield
+        return
+    held = []
+    signal.signal(signal.SIGINT, lambda *_: held.append(1))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if held:
+        raise KeyboardInterrupt
+
+
 def _atomic(path, write, mode):
     tmp = f"{path}.tmp{os.getpid()}"
     try:
-        with open(tmp, mode) as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)                       # atomic on POSIX and Windows
+        with _hold_ctrl_c():                        # Ctrl-C here: the new file is written, then the interrupt
+            with open(tmp, mode) as f:
+                write(f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)                   # atomic on POSIX and Windows
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)

@@ -1,6 +1,6 @@
 """State that cannot go stale or be lost: stage records, the lock, atomic writes, kill and resume, bad input.
 Each probe works on a copy of the smoke run (the `run` fixture), through train.main as `python train.py` runs it."""
-import os, shutil, signal, subprocess, sys, time
+import os, shutil, signal, subprocess, sys, threading, time
 import pytest
 import torch
 import store, train
@@ -140,6 +140,33 @@ def test_no_nan_reaches_a_checkpoint(tmp_path):
     with pytest.raises(RunError, match="non-finite"):
         store.save_torch({"model": {"w": torch.tensor([1.0, float("nan")])}}, str(tmp_path / "m.pt"))
     assert not os.listdir(tmp_path)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+def test_ctrl_c_during_a_checkpoint_write_is_an_interrupt_and_the_file_is_whole(tmp_path):
+    """torch.save interrupted mid-write raises RuntimeError from its C++ writer: save_torch must hold Ctrl-C."""
+    target, last, held = tmp_path / "ckpt.pt", None, 0
+    for k in range(60):                                  # later and later, until Ctrl-C has landed in 3 writes
+        obj = dict(k=torch.tensor(k), w=[torch.randn(256, 256) for _ in range(100)])     # 26 MB: a write takes ms
+        timer = threading.Timer(0.002 * (k + 1), os.kill, (os.getpid(), signal.SIGINT))
+        try:
+            timer.start()
+            try:
+                store.save_torch(obj, target)
+                last = k
+            except KeyboardInterrupt:                   # before the write (old file) or in it (held: new file)
+                saved = torch.load(target, weights_only=True) if last is not None or os.path.exists(target) else None
+                assert saved is None or int(saved["k"]) in (last, k)
+                if saved is not None and int(saved["k"]) == k:
+                    assert torch.equal(saved["w"][-1], obj["w"][-1])
+                    last, held = k, held + 1
+            timer.join()
+            time.sleep(0.05)                             # Ctrl-C after the save lands here
+        except KeyboardInterrupt:
+            pass
+        if held == 3:
+            break
+    assert held == 3
 
 
 def test_a_diverging_run_stops_with_one_line(run, tmp_path, capsys):
