@@ -99,8 +99,8 @@ PRESETS = {"default": {},
            "gpu": dict(n_reviews=200000, n_layer=8, n_head=8, n_embd=512, block_size=256, dropout=0.0,
                        max_iters=3000, batch_size=64, lr=1e-3, min_lr=1e-4, warmup_iters=100, eval_interval=250,
                        eval_iters=20, n_samples=500, dtype="bf16", compile=True, n_pairs=30000, rm_epochs=2,
-                       rm_lr=3e-4, rm_batch_size=64, rollout_batch=512, minibatch_size=128, ppo_iters=100,
-                       kl_horizon=10000, n_eval=1000, save_interval=20)}
+                       rm_layers=0, rm_lr=3e-4, rm_batch_size=64, rollout_batch=512, minibatch_size=128,
+                       ppo_iters=100, kl_horizon=10000, n_eval=1000, save_interval=20)}
 SKIP = {("GPTConfig", "vocab_size")}        # the model's vocabulary comes from the tokenizer, not a flag
 
 
@@ -183,8 +183,6 @@ def check(cfg):
         die(f"bad value for --vocab_size: {w.vocab_size} (a byte-level BPE needs 256 bytes + end-of-text: >= 257)")
     if g.n_embd % g.n_head:
         die(f"--n_embd={g.n_embd} is not divisible by --n_head={g.n_head}")
-    if r.rm_layers > g.n_layer:
-        die(f"--rm_layers={r.rm_layers} is more than the model's --n_layer={g.n_layer}")
     if w.n_reviews < 100:
         die(f"bad value for --n_reviews: {w.n_reviews} (must be >= 100: 5 % are the validation split)")
     n_val = int(r.n_pairs * r.rm_val_frac)

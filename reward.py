@@ -23,9 +23,10 @@ import data, dist, store
 
 @dataclass
 class RewardConfig:
-    n_pairs: int = arg(8000, ">0", "preference pairs (prompt, two pretrained samples, one noisy label)")
-    rm_layers: int = arg(0, ">=0", "layers of the pretrained trunk the reward model keeps (0 = all)")
-    rm_epochs: int = arg(3, ">0")
+    n_pairs: int = arg(12000, ">0", "preference pairs (prompt, two pretrained samples, one noisy label)")
+    rm_layers: int = arg(2, ">=0", "the first blocks of the pretrained trunk that the reward model, and so the "
+                         "critic, keeps (0, or more than --n_layer: all)")
+    rm_epochs: int = arg(2, ">0")
     rm_lr: float = arg(1e-3, ">0")
     rm_batch_size: int = arg(32, ">0")
     rm_val_frac: float = arg(0.1, "(0,1)", "held-out pairs for the accuracies")
