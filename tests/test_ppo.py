@@ -240,3 +240,24 @@ def test_entropy_bonus_raises_the_entropy():
     moved, _, _ = update(actor, critic, batch, cfg, lr=1e-3)
     with torch.no_grad():
         assert entropy(moved) > entropy(actor) + 0.01
+
+
+def test_reward_model_keeps_the_first_rm_layers_blocks_of_a_copy():
+    """--rm_layers=k (default 2 of 4): the reward model, and so the critic, reads the first k pretrained blocks only."""
+    from reward import from_pretrained
+    torch.manual_seed(0)
+    lm = GPT(GPTConfig(block_size=16, vocab_size=50, n_layer=3, n_head=2, n_embd=32)).eval()
+    other = copy.deepcopy(lm)
+    with torch.no_grad():
+        for p in other.blocks[2].parameters():                  # the top block differs
+            p.add_(torch.randn_like(p))
+    x = torch.randint(0, 50, (2, 10))
+    two, two_other = from_pretrained(lm, 2).eval(), from_pretrained(other, 2).eval()
+    assert len(two.trunk.blocks) == two.trunk.config.n_layer == 2
+    assert torch.equal(two.trunk.hidden(x), two_other.trunk.hidden(x))             # the top block is not read
+    full, full_other = from_pretrained(lm, 0).eval(), from_pretrained(other, 5).eval()      # 0 or > n_layer: all
+    assert len(full.trunk.blocks) == len(full_other.trunk.blocks) == 3
+    assert not torch.allclose(full.trunk.hidden(x), full_other.trunk.hidden(x))
+    with torch.no_grad():
+        next(two.parameters()).add_(1.0)                        # a copy: training it leaves the language model alone
+    assert torch.equal(next(lm.parameters()), next(other.parameters()))
