@@ -14,7 +14,7 @@ uses the same temperature as sampling. `--ref=` chooses how it is held (`make_re
 full, lora and shared_n start at exactly KL 0; half and quantized references do not (`step0_kl` measures it).
 A moving anchor (ppo.py, --ref_update=sync or reset) is a second, full Reference that `mix` moves towards the actor;
 the frozen π_ref stays bit for bit the pretrained model. `memory_bytes` says what each choice holds. `Rollback`
-(--kl_max): restore the last state under the limit.
+(--kl_max): restore the last state under the limit, with β raised (again at each restore).
     python ref.py --out_dir=out       # bytes and step-0 KL to the full reference of every option (main run's models)
 Left out: quantized activations, double quantization of the scales, merging adapters during training.
 """
@@ -291,6 +291,7 @@ class Rollback:
         for k in ("value", "start", "end"):            # the linear schedule recomputes value from start and end
             if hasattr(kl_ctl, k):
                 setattr(kl_ctl, k, getattr(kl_ctl, k) * self.factor)
+        s["kl_ctl"] = asdict(kl_ctl)        # the raised β is kept: a second restore to this state raises it again
         self.count += 1
 
     def state_dict(self):

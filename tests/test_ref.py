@@ -224,6 +224,22 @@ def test_rollback_restores_the_last_state_under_the_limit_bit_for_bit(excursion)
     assert rows[2]["objective/kl"] < kl_max                          # the redone rollout is from the good state
 
 
+def test_restores_in_a_row_to_one_state_keep_raising_beta():
+    # A redone rollout can still be above kl_max; the next restore goes back to the same state and must raise β
+    # again (factor², then factor³), or the run would return to the same β for ever.
+    from kl import FixedKLController
+    actor, critic = torch.nn.Linear(2, 2), torch.nn.Linear(2, 1)
+    opts = [torch.optim.AdamW(actor.parameters()), torch.optim.AdamW(critic.parameters())]
+    kl_ctl, rb = FixedKLController(0.01), refs.Rollback(2.0)
+    rb.keep(actor, critic, opts, kl_ctl)
+    betas = []
+    for _ in range(3):
+        kl_ctl.value = 0.5                                           # whatever the controller did since
+        rb.restore(actor, critic, opts, kl_ctl)
+        betas.append(kl_ctl.value)
+    assert betas == pytest.approx([0.02, 0.04, 0.08]) and rb.count == 3
+
+
 def test_rollback_survives_a_resume(run, excursion):
     cut = excursion["out"] / "cut"
     state_after(run, cut, 2, *excursion["flags"])                    # killed before the rollback at iteration 3
