@@ -2,7 +2,7 @@
 
     python ablate.py                     # the core suite x 3 seeds at the main run's budget -> out/ablate/
     python ablate.py --suite=estimators  # a suite: core, estimators, reference, beta, anchors, or all (SUITES)
-    python ablate.py --quick             # one seed, short runs (32 x 12 sequences): a few minutes
+    python ablate.py --quick             # one seed, short runs (32 x 12 sequences): a few minutes -> out/ablate_quick/
     python ablate.py --conditions=no_kl,adaptive --seeds=5 --ppo_iters=80    # any train.py flag passes through
     python ablate.py --subdir=ablate_short --rollout_batch=32 --ppo_iters=40  # results into out/ablate_short/
     python ablate.py --jobs=1            # runs one after another, in this process (default: 2 processes, 1 thread each)
@@ -118,6 +118,9 @@ def parse(argv):
         die(f"--conditions names {max(conds, key=conds.count)!r} twice")
     if opts["seeds"] < 1 or opts["jobs"] < 1:
         die(f"--seeds and --jobs must be >= 1 (got {opts['seeds']} and {opts['jobs']})")
+    # --quick runs have other budgets: their own folder, so they never replace the main-budget runs of out/ablate
+    if opts["quick"] and not any(a.startswith("--subdir=") for a in argv):
+        opts["subdir"] = "ablate_quick"
     if not opts["subdir"] or os.sep in opts["subdir"] or opts["subdir"].startswith("."):
         die(f"bad value for --subdir: {opts['subdir']!r} (a plain folder name)")
     if opts["quick"]:

@@ -12,7 +12,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_every_condition_appears_with_finite_values_and_finished_runs_are_reused(run):
     argv = ["--preset=smoke", f"--out_dir={run}", "--quick", "--ppo_iters=2", "--n_eval=8"]
     ablate.main(argv)
-    adir = os.path.join(run, "ablate")
+    adir = os.path.join(run, "ablate_quick")          # --quick's own folder: it never replaces main-budget runs
+    assert not os.path.exists(os.path.join(run, "ablate"))
     rows = store.load_json(os.path.join(adir, "results.jsonl"), lines=True)
     assert {r["condition"] for r in rows} == set(ablate.SUITES["core"]) | {"pretrained"}      # the default suite
     for r in rows:
