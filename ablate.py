@@ -358,14 +358,14 @@ def ablate(opts, rest):
         report = (f"# ablate.py {' '.join(sys.argv[1:])}\n\n{len(jobs)} PPO runs, {time.time() - t0:.0f} s in all "
                   f"(runs reused from earlier commands take 0 s). Mean [95 % bootstrap interval] over the seeds "
                   f"listed; held-out prompts.\n\n{table}{beta_table(adir, rows, order)}")
-        store.write_text(os.path.join(adir, "results.md"), report)
-        if not opts["user_conditions"]:                               # a suite's table survives the next suite
+        cheap = any(c in SUITES["cheap"] for c in order)
+        ref_report = (f"# ablate.py {' '.join(sys.argv[1:])}\n\nMaking the reference cheap; mean [95 % bootstrap "
+                      f"interval] over seeds; held-out prompts.\n\n{ref_table(rows, order)}") if cheap else ""
+        store.write_text(os.path.join(adir, "results.md"), report + ("\n" + ref_report if cheap else ""))
+        if not opts["user_conditions"]:                               # a suite's tables survive the next command
             store.write_text(os.path.join(adir, f"results_{opts['suite']}.md"), report)
-        if any(c in SUITES["cheap"] for c in order):
-            store.write_text(os.path.join(adir, "results_ref.md"), f"# ablate.py {' '.join(sys.argv[1:])}\n\n"
-                             f"Making the reference cheap; mean [95 % bootstrap interval] over seeds; held-out "
-                             f"prompts.\n\n"
-                             f"{ref_table(rows, order)}")
+            if cheap:
+                store.write_text(os.path.join(adir, "results_ref.md"), ref_report)
         plot(rows, adir, order)
         write_examples(cfg, base, adir, order, seed0)
         print(table)

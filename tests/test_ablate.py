@@ -85,15 +85,16 @@ def test_paired_differences_and_not_separated():
 
 
 def test_the_cheap_reference_table(run):
-    """results_ref.md: one row per condition, from the runs' ppo.json (bytes, step-0 KL, KL to the full and to
-    the run's own reference, rollbacks)."""
+    """The reference table (in results.md; a suite's also in results_ref.md): one row per condition, from the runs'
+    ppo.json (bytes, step-0 KL, KL to the full and to the run's own reference, rollbacks)."""
     ablate.main(["--preset=smoke", f"--out_dir={run}", "--quick", "--ppo_iters=2", "--n_eval=8", "--jobs=1",
                  "--conditions=ref_int8,rollback", "--subdir=ablate_ref"])
     adir = os.path.join(run, "ablate_ref")
     rows = {r["condition"]: r for r in store.load_json(os.path.join(adir, "results.jsonl"), lines=True)}
     assert rows["ref_int8"]["ref"]["kind"] == "int8" and rows["ref_int8"]["ref"]["kl_step0"] > 0
     assert rows["rollback"]["ref"]["bytes"] > rows["ref_int8"]["ref"]["bytes"] > 0
-    lines = open(os.path.join(adir, "results_ref.md")).read().splitlines()
+    assert not os.path.exists(os.path.join(adir, "results_ref.md"))     # a suite's table, not a --conditions one
+    lines = open(os.path.join(adir, "results.md")).read().splitlines()
     row = next(line for line in lines if line.startswith("| `ref_int8` |")).split(" | ")
     assert float(row[1].split()[0]) == pytest.approx(rows["ref_int8"]["ref"]["bytes"] / 1e6, abs=0.01)
     assert any(line.startswith("| `rollback` |") for line in lines)
