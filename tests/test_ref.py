@@ -8,7 +8,7 @@ import torch
 import data, ppo, store, train
 import ref as refs
 from model import encode_prompts, load_checkpoint, response_logits
-from kl import kl_full
+from kl import FixedKLController, kl_full
 from tests.test_train import ppo_run, read
 
 
@@ -227,7 +227,6 @@ def test_rollback_restores_the_last_state_under_the_limit_bit_for_bit(excursion)
 def test_restores_in_a_row_to_one_state_keep_raising_beta():
     # A redone rollout can still be above kl_max; the next restore goes back to the same state and must raise β
     # again (factor², then factor³), or the run would return to the same β for ever.
-    from kl import FixedKLController
     actor, critic = torch.nn.Linear(2, 2), torch.nn.Linear(2, 1)
     opts = [torch.optim.AdamW(actor.parameters()), torch.optim.AdamW(critic.parameters())]
     kl_ctl, rb = FixedKLController(0.01), refs.Rollback(2.0)
