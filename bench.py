@@ -9,17 +9,21 @@ x 4 minibatches; a random reward model) split into generate / experience / updat
 (The last id stands for end-of-text in the experience, so a response that happens to sample it is masked there.)
 The update's FLOPs are counted (forward 2 per multiply-add, backward twice the forward) and divided by its time
 and by the measured matmul rate. Every timing is the median of a few repeats after a warm-up.
+    python bench.py --refs --out_dir=out    # every --ref kind: bytes held and the KL to the full ref at step 0
+--refs measures the reference options (ref.py) on a finished run's models instead (any train.py flag passes through,
+checked by train.parse): the table is printed, nothing is written.
 Left out: memory profiles, torch.compile timings (see README), multi-GPU.
 """
-import os, statistics, sys, time
+import dataclasses, os, statistics, sys, time
 import torch
 
-import store
-from config import die
+import data, stages, store, tokenizer, train
+from errors import die
+from evaluate import step0_kl
 from kl import KLConfig
-from model import GPT, GPTConfig, StepGuard, adamw, autocast
+from model import GPT, GPTConfig, StepGuard, adamw, autocast, load_checkpoint
 from ppo import PPOConfig, make_experience, make_optimizers, ppo_update
-from ref import Reference
+from ref import KINDS, Reference, make_reference, memory_bytes
 from reward import ScalarModel
 
 ANCHOR = GPTConfig(block_size=64, vocab_size=1024, n_layer=4, n_head=4, n_embd=128)
@@ -118,12 +122,35 @@ def bench_rollout(device, repeats):
     return B * R / cached, B * R / timed(no_cache, repeats)
 
 
+def bench_refs(argv):
+    """The KL-at-init table: for every --ref kind, the bytes the reference holds, the trainable actor state, and the
+    exact KL from the full reference at step 0, on the finished run in --out_dir (train.py's flags)."""
+    cfg = train.parse(argv)
+    base, run = cfg.run.out_dir, cfg.run
+    enc = tokenizer.load_tokenizer(base, cfg.world.tokenizer)
+    heldout = data.load_prompts(base)["heldout"]
+    n_layer = load_checkpoint(os.path.join(base, "ref.pt"))[0].config.n_layer
+    print("| ref | bytes held for the reference | trainable actor state, bytes | KL to full ref at step 0 |")
+    print("|---|---|---|---|")
+    for kind in KINDS[:-1] + [f"shared_{n}" for n in range(1, n_layer)]:
+        pre, _, rm = stages.load_models(base, run.device)
+        ref_model, _ = load_checkpoint(os.path.join(base, "ref.pt"), run.device)
+        actor, ref = make_reference(pre, ref_model, dataclasses.replace(cfg.ref, ref=kind))
+        mem = memory_bytes(actor, ref)
+        stages.seed_everything(run.seed + 1)
+        kl = step0_kl(load_checkpoint(os.path.join(base, "pretrain.pt"), run.device)[0], ref, enc, heldout, run, rm,
+                      cfg.ppo.n_eval)
+        print(f"| {kind} | {mem['ref']:,} | {mem['trainable']:,} | {kl:.4f} |", flush=True)
+
+
 def main(argv):
+    if "--refs" in argv:                                    # the reference table: train.py's flags pass through
+        return bench_refs([a for a in argv if a != "--refs"])
     opts = dict(threads=0, device="cpu", repeats=3, out_dir="out")
     for a in argv:
         name, _, value = a[2:].partition("=")
         if not a.startswith("--") or name not in opts:
-            die(f"unknown flag {a!r} (bench.py takes {', '.join('--' + k for k in opts)})")
+            die(f"unknown flag {a!r} (bench.py takes {', '.join('--' + k for k in opts)}, or --refs)")
         try:
             opts[name] = type(opts[name])(value)
         except ValueError:

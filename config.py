@@ -6,12 +6,15 @@
 Each config dataclass lives beside the code it configures (GPTConfig in model.py, RewardConfig in reward.py,
 KLConfig in kl.py, PPOConfig in ppo.py); the run, world and pretraining ones live here. A field is declared with
 `arg(default, rule, help, choices)`, so its range sits next to it. Bad input is one line on stderr and exit code 2,
-before anything is written (`die`); failures found later are `RunError`s, printed the same way by train.py.
+before anything is written (`die`); failures found later are `RunError`s, printed the same way by train.py
+(both in errors.py). Checks that need another file (dist, ref) run in train.py's `parse`.
 Left out: config files, environment variables, nested or list-valued flags.
 """
 import dataclasses, math, sys
 from dataclasses import dataclass
 from types import SimpleNamespace
+
+from errors import RunError, die
 
 RULES = {">0": lambda v: v > 0, ">=0": lambda v: v >= 0, "[0,1]": lambda v: 0 <= v <= 1,
          "[0,1)": lambda v: 0 <= v < 1, "(0,1)": lambda v: 0 < v < 1,
@@ -23,27 +26,10 @@ def arg(default, rule=None, help="", choices=None):
     return dataclasses.field(default=default, metadata=dict(rule=rule, help=help, choices=choices))
 
 
-class RunError(Exception):
-    """A failure the user can act on. train.py and ablate.py print its one line and exit with `code`
-    (2: bad input or stale state, nothing was changed; 1: the run itself failed, e.g. diverged)."""
-
-    def __init__(self, msg, code=2):
-        super().__init__(msg)
-        self.code = code
-
-    def __reduce__(self):                               # keeps the code across ablate.py's worker processes
-        return RunError, (str(self), self.code)
-
-
-def die(msg, code=2):
-    print(f"error: {msg}", file=sys.stderr)
-    sys.exit(code)
-
-
 @dataclass
 class RunConfig:
     out_dir: str = arg("out", help="folder for every stage's outputs")
-    stage: str = arg("all", help="every stage not done yet, or one stage (train.STAGES)",
+    stage: str = arg("all", help="every stage not done yet, or one stage (stages.STAGES)",
                      choices=["all", "world", "pretrain", "reference", "preferences", "reward", "ppo", "report",
                               "sample", "inspect"])
     fresh: bool = arg(False, help="delete every output in out_dir and redo every stage")
@@ -175,9 +161,10 @@ def flat(cfg):
 
 def check(cfg):
     """Combinations of values that parse but cannot work: one line, exit 2, before anything is written.
-    (Prompt lengths and corpus size need the tokenizer: train.py checks them once the world exists.)"""
+    (Prompt lengths and corpus size need the tokenizer: train.py checks them once the world exists. What needs
+    another file, batch sizes the torchrun processes share and the --ref kinds a depth allows, train.py's parse
+    checks with dist.check_divisible and ref.check.)"""
     import torch
-    import dist
     run, w, g, r, p = cfg.run, cfg.world, cfg.gpt, cfg.reward, cfg.ppo
     if w.tokenizer == "bpe" and w.vocab_size < 257:
         die(f"bad value for --vocab_size: {w.vocab_size} (a byte-level BPE needs 256 bytes + end-of-text: >= 257)")
@@ -195,14 +182,6 @@ def check(cfg):
         die(f"--minibatch_size={p.minibatch_size} is larger than --rollout_batch={p.rollout_batch}")
     if run.response_length + 2 > g.block_size:
         die(f"--response_length={run.response_length} leaves no room for a prompt in --block_size={g.block_size}")
-    n = dist.world()                                  # torchrun: each rank takes an equal share of every batch
-    for name, v in (("batch_size", cfg.pretrain.batch_size), ("rm_batch_size", r.rm_batch_size),
-                    ("rollout_batch", p.rollout_batch), ("minibatch_size", p.minibatch_size)):
-        if v % n:
-            die(f"--{name}={v} is not divisible by the {n} processes torchrun started (--nproc_per_node)")
-    import ref                                              # its field's values need the model's depth
-    if ref.check(cfg):
-        die(ref.check(cfg))
     if run.device == "cuda" and not torch.cuda.is_available():
         die("--device=cuda but torch sees no CUDA device here (use --device=cpu or auto)")
     run.device = run.device if run.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"

@@ -19,14 +19,24 @@ import os, sys
 import torch
 import torch.distributed as td
 
-from config import RunError
+from errors import RunError
 
 DEVICE = "cpu"          # where numbers are reduced: nccl reduces CUDA tensors only
 
 
 def world():
-    """Number of processes (1 without torchrun). Read from the environment, so config.check can use it too."""
+    """Number of processes (1 without torchrun). Read from the environment, so it is known before any stage."""
     return int(os.environ.get("WORLD_SIZE", 1))
+
+
+def check_divisible(sizes):
+    """Why the processes cannot share these batches equally ({flag name: batch size}), in one line; None when they
+    can (train.py's parse calls it: each rank takes an equal share of every batch)."""
+    n = world()
+    for name, v in sizes.items():
+        if v % n:
+            return f"--{name}={v} is not divisible by the {n} processes torchrun started (--nproc_per_node)"
+    return None
 
 
 def rank():

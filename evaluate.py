@@ -73,6 +73,13 @@ def evaluate_policy(model, enc, prompts, run, ref, rm, n, batch=100):
         [(p, t, v["score"], s) for p, t, v, s in zip(prompts, texts, verdicts, proxy)]
 
 
+@torch.no_grad()
+def step0_kl(pretrained, ref, enc, prompts, run, rm, n):
+    """Exact KL (nats/sequence) from the pretrained model, i.e. the full fp32 reference, to `ref`, on n samples
+    of the pretrained model on `prompts`: the error a cheap reference adds before any training."""
+    return evaluate_policy(pretrained, enc, prompts, run, ref, rm, n)[0]["kl"]
+
+
 def write_report(path_md, res, samples, n_eval, temperature, timings):
     """report.md: the two policies side by side, a few examples, the seconds per stage."""
     lines = [f"# tether report ({n_eval} samples on held-out prompts, temperature {temperature})", "",

@@ -19,8 +19,9 @@ from dataclasses import dataclass, replace
 import html, os
 import torch
 
-import data, store
-from config import RunError, arg
+import data, store, tokenizer
+from config import arg
+from errors import RunError
 from kl import kl_full
 from model import encode_prompts, load_checkpoint, response_logits, response_mask, token_logprobs, join_tokens
 from ppo import make_experience
@@ -130,7 +131,7 @@ def stage_inspect(cfg, stamp):
     actor_path = cfg.inspect.inspect_actor or os.path.join(out, "actor.pt")
     if not os.path.exists(actor_path):
         raise RunError(f"--inspect_actor={actor_path} does not exist")
-    enc = data.load_tokenizer(out, cfg.world.tokenizer)
+    enc = tokenizer.load_tokenizer(out, cfg.world.tokenizer)
     pre, _ = load_checkpoint(os.path.join(out, "pretrain.pt"), run.device)
     ref = Reference(load_checkpoint(os.path.join(out, "ref.pt"), run.device)[0])
     rm, _ = load_scalar_model(os.path.join(out, "reward.pt"), run.device)

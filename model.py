@@ -15,7 +15,8 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from config import arg, RunError
+from config import arg
+from errors import RunError
 import dist, store
 
 

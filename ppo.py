@@ -31,7 +31,8 @@ import torch
 from torch.nn import functional as F
 
 import data, dist, store
-from config import arg, RunError
+from config import arg
+from errors import RunError
 from kl import kl_full, make_kl_controller, per_token_kl, shaped_rewards
 from model import (StepGuard, adamw, encode_prompts, join_tokens, response_logits, response_mask, rng_states,
                    set_rng_states, token_logprobs)

@@ -11,14 +11,15 @@ uses the same temperature as sampling. `--ref=` chooses how it is held (`make_re
               the reference is the same module with the adapters switched off: no second copy of the weights
     shared_n  actor and reference share the embeddings and the bottom n blocks (frozen, stored once, TRL's
               num_shared_layers); the top blocks and the final LayerNorm are trained and kept twice
-full, lora and shared_n start at exactly KL 0; half and quantized references do not (`step0_kl` measures it).
+full, lora and shared_n start at exactly KL 0; half and quantized references do not (evaluate.step0_kl
+measures it).
 A moving anchor (ppo.py, --ref_update=sync or reset) is a second, full Reference that `mix` moves towards the actor;
 the frozen π_ref stays bit for bit the pretrained model. `memory_bytes` says what each choice holds. `Rollback`
 (--kl_max): restore the last state under the limit, with β raised (again at each restore).
-    python ref.py --out_dir=out       # bytes and step-0 KL to the full reference of every option (main run's models)
+    python bench.py --refs --out_dir=out   # bytes and step-0 KL to the full ref of every option (main run's models)
 Left out: quantized activations, double quantization of the scales, merging adapters during training.
 """
-import contextlib, copy, math, re, sys
+import contextlib, copy, math, re
 from dataclasses import asdict, dataclass
 import torch
 import torch.nn as nn
@@ -299,38 +300,3 @@ class Rollback:
 
     def load_state_dict(self, d):
         self.state, self.count = d["state"], d["count"]
-
-
-# ---- step-0 KL and bytes of every option: python ref.py ----
-@torch.no_grad()
-def step0_kl(pretrained, ref, enc, prompts, run, rm, n):
-    """Exact KL (nats/sequence) from the pretrained model, i.e. the full fp32 reference, to `ref`, on n samples
-    of the pretrained model on `prompts`: the error a cheap reference adds before any training."""
-    from evaluate import evaluate_policy
-    return evaluate_policy(pretrained, enc, prompts, run, ref, rm, n)[0]["kl"]
-
-
-def main(argv):
-    import dataclasses, os
-    import data, train
-    from model import load_checkpoint
-    cfg = train.parse(argv)
-    base, run = cfg.run.out_dir, cfg.run
-    enc = data.load_tokenizer(base, cfg.world.tokenizer)
-    heldout = data.load_prompts(base)["heldout"]
-    n_layer = load_checkpoint(os.path.join(base, "ref.pt"))[0].config.n_layer
-    print("| ref | bytes held for the reference | trainable actor state, bytes | KL to full ref at step 0 |")
-    print("|---|---|---|---|")
-    for kind in KINDS[:-1] + [f"shared_{n}" for n in range(1, n_layer)]:
-        pre, _, rm = train.load_models(base, run.device)
-        ref_model, _ = load_checkpoint(os.path.join(base, "ref.pt"), run.device)
-        actor, ref = make_reference(pre, ref_model, dataclasses.replace(cfg.ref, ref=kind))
-        mem = memory_bytes(actor, ref)
-        train.seed_everything(run.seed + 1)
-        kl = step0_kl(load_checkpoint(os.path.join(base, "pretrain.pt"), run.device)[0], ref, enc, heldout, run, rm,
-                      cfg.ppo.n_eval)
-        print(f"| {kind} | {mem['ref']:,} | {mem['trainable']:,} | {kl:.4f} |", flush=True)
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])

@@ -10,7 +10,7 @@ Left out: locking on network file systems, garbage collection of old run folders
 import contextlib, hashlib, json, os, signal, threading
 import torch
 
-from config import RunError
+from errors import RunError
 
 
 @contextlib.contextmanager

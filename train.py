@@ -10,299 +10,44 @@
 Each stage writes into out_dir and records in stages.json the config fields and input files it was made from; a
 later run that differs stops with one line (or, with --stage=NAME, redoes that stage). Pretraining and PPO save
 resumable checkpoints: the same command after a kill goes on where it stopped and ends with the same numbers.
-The stage table is STAGES, at the bottom; the PPO loop itself is in ppo.py.
+This file is the driver: GROUPS (the config), `parse` with the checks across fields and files, and `run_stages`,
+which plans from stages.json and runs what is missing. The stages and their table (STAGES) are in stages.py; the PPO
+loop itself is in ppo.py.
 Under `torchrun --standalone --nproc_per_node=N train.py ...` pretraining, the reward model and PPO train on N
 processes (each its share of every batch, gradients averaged: dist.py); rank 0 alone plans, writes and prints, and
 runs the other stages while the rest wait. Lines marked `# torchrun` are the only ones a single process skips past.
 Left out: resuming the preferences and reward stages half way.
 """
-import copy, dataclasses, math, os, random, sys, time
-from collections import namedtuple
-import numpy as np
+import dataclasses, os, sys, time
 import torch
 
-import data, dist, store
-from config import RunConfig, WorldConfig, PretrainConfig, RunError, check, check_world, die, fields, parse_args
-from evaluate import evaluate_policy, judge_texts, plot_metrics, sample_texts, write_report
-from inspect_page import InspectConfig, stage_inspect
-from kl import KLConfig
-from model import (GPT, GPTConfig, StepGuard, adamw, autocast, load_checkpoint, rng_states, save_checkpoint,
-                   set_rng_states)
-from ppo import PPOConfig, train_ppo
+import dist, store
 import ref as refs
-from ref import Reference, RefConfig
-from reward import RewardConfig, load_scalar_model, make_preferences, save_scalar_model, train_reward_model
+from config import RunConfig, WorldConfig, PretrainConfig, check, die, parse_args
+from errors import RunError
+from inspect_page import InspectConfig
+from kl import KLConfig
+from model import GPTConfig, autocast
+from ppo import PPOConfig
+from ref import RefConfig
+from reward import RewardConfig
+from stages import BY_NAME, INSPECT, SAMPLE, STAGES, files, path, seed_everything, stamp, world_ok
 
 GROUPS = dict(run=RunConfig, world=WorldConfig, gpt=GPTConfig, pretrain=PretrainConfig, reward=RewardConfig,
               kl=KLConfig, ppo=PPOConfig, ref=RefConfig, inspect=InspectConfig)
 
 
 def parse(argv):
+    """The flags, checked: alone (config.check), then what needs another file: batch sizes the torchrun processes
+    must share equally (dist) and the --ref kinds the model's depth allows (ref). Bad input: one line, exit 2."""
     cfg = parse_args(argv, GROUPS, __doc__)
     check(cfg)
+    r, p = cfg.reward, cfg.ppo
+    why = dist.check_divisible(dict(batch_size=cfg.pretrain.batch_size, rm_batch_size=r.rm_batch_size,
+                                    rollout_batch=p.rollout_batch, minibatch_size=p.minibatch_size)) or refs.check(cfg)
+    if why:
+        die(why)
     return cfg
-
-
-def seed_everything(seed):
-    random.seed(seed); np.random.seed(seed); torch.manual_seed(seed)
-
-
-def path(cfg, name):
-    return os.path.join(cfg.run.out_dir, name)
-
-
-# ---- stage: world ----
-def stage_world(cfg, stamp):
-    w = cfg.world
-    s = data.build_world(cfg.run.out_dir, seed=cfg.run.seed, n_reviews=w.n_reviews, vocab_size=w.vocab_size,
-                         tokenizer=w.tokenizer)
-    print(f"world: {s['n_reviews']} reviews, {s['chars'] / 1e6:.2f} MB, vocab {s['vocab_size']}, "
-          f"{s['tokens']['train']} train tokens, {s['n_heldout_subjects']} held-out subjects")
-
-
-# ---- stage: pretrain ----
-def stage_pretrain(cfg, stamp):
-    run, pt = cfg.run, cfg.pretrain
-    enc = data.load_tokenizer(run.out_dir, cfg.world.tokenizer)
-    gcfg = dataclasses.replace(cfg.gpt, vocab_size=enc.n_vocab)
-    splits = {k: np.memmap(path(cfg, f"{k}.bin"), dtype=np.uint16, mode="r") for k in ("train", "val")}
-    gen = torch.Generator().manual_seed(run.seed + 1000003 * dist.rank())     # torchrun: each rank its own windows
-    batch_size = pt.batch_size // dist.world()                                 # torchrun: each rank its share
-
-    def get_batch(split):                                   # random windows of block_size + 1 tokens
-        return data.windows(splits[split], batch_size, gcfg.block_size, gen, run.device)   # (B, T), (B, T)
-
-    @torch.no_grad()
-    def val_loss():
-        model.eval()
-        loss = float(np.mean([model(*get_batch("val"))[1].item() for _ in range(pt.eval_iters)]))
-        model.train()
-        return dist.all_reduce(loss, "mean")                # torchrun: over every rank's batches
-
-    model = GPT(gcfg).to(run.device)                        # the same on every rank: one seed
-    dist.seed_rank(run.seed)                                # torchrun: then each rank its own dropout
-    fwd = torch.compile(model) if pt.compile else model     # fixed shapes: compiled once
-    opt = adamw(model.parameters(), pt.lr, betas=(0.9, 0.95), weight_decay=pt.weight_decay)
-    guard, start, log, seconds = StepGuard("pretraining"), 0, [], 0.0
-    ckpt_path = path(cfg, "pretrain_ckpt.pt")
-    if os.path.exists(ckpt_path):
-        s = store.load_torch(ckpt_path)                     # on the CPU: RNG states must stay there
-        if s["stamp"] == stamp:                             # same config and inputs: go on where it stopped
-            model.load_state_dict(s["model"]); opt.load_state_dict(s["opt"])
-            gen.set_state(dist.mine(s["gen"], ckpt_path)); set_rng_states(dist.mine(s["rng"], ckpt_path))
-            start, log, seconds, guard.skipped = s["iter"], s["log"], s["seconds"], s["skipped"]
-            print(f"pretrain: resuming from {ckpt_path} after iteration {start}")
-    print(f"pretrain: {model.num_params() / 1e6:.2f}M parameters, {pt.max_iters} iters of "
-          f"{pt.batch_size}x{gcfg.block_size} tokens")
-    model.train()
-    t0 = time.time() - seconds
-    for it in range(start, pt.max_iters):
-        lr = pt.lr * (it + 1) / pt.warmup_iters if it < pt.warmup_iters else pt.min_lr + 0.5 * (pt.lr - pt.min_lr) * (
-            1 + math.cos(math.pi * (it - pt.warmup_iters) / max(1, pt.max_iters - pt.warmup_iters)))   # warmup + cosine
-        for g in opt.param_groups:
-            g["lr"] = lr
-        _, loss = fwd(*get_batch("train"))
-        guard.step(loss, opt, list(model.parameters()), pt.grad_clip)
-        if (it + 1) % pt.eval_interval == 0 or it + 1 == pt.max_iters:
-            log.append(dict(iter=it + 1, loss=dist.all_reduce(loss.item(), "mean"), val_loss=val_loss(), lr=lr))
-            dt = time.time() - t0
-            print(f"iter {it + 1}/{pt.max_iters} | loss {log[-1]['loss']:.3f} | val {log[-1]['val_loss']:.3f} | "
-                  f"lr {lr:.1e} | {(it + 1 - start) * pt.batch_size * gcfg.block_size / (dt - seconds) / 1e3:.1f}k "
-                  f"tok/s | eta {fmt_time((dt - seconds) / (it + 1 - start) * (pt.max_iters - it - 1))}", flush=True)
-            states = dist.gather_objects((gen.get_state(), rng_states()))    # torchrun: every rank's streams
-            if dist.is_main():
-                store.save_torch(dict(stamp=stamp, iter=it + 1, model=model.state_dict(), opt=opt.state_dict(),
-                                      gen=dist.unzip(states, 0), rng=dist.unzip(states, 1), log=log, seconds=dt,
-                                      skipped=guard.skipped), ckpt_path)
-    seconds = time.time() - t0
-    if not dist.is_main():                                  # torchrun: rank 0 saves, samples and reports
-        return
-    model.eval()
-    save_checkpoint(model, path(cfg, "pretrain.pt"))        # saved before anything samples from it
-    seed_everything(run.seed + 1)
-    heldout = data.load_prompts(run.out_dir)["heldout"]
-    prompts = [heldout[i % len(heldout)] for i in range(pt.n_samples)]
-    texts = sample_texts(model, enc, prompts, run)
-    stats, _ = judge_texts(prompts, texts)
-    out = dict(val_loss=log[-1]["val_loss"], **stats, seconds=seconds, skipped_updates=guard.skipped,
-               tokens_per_second=pt.max_iters * pt.batch_size * gcfg.block_size / seconds, log=log)
-    store.save_json(path(cfg, "pretrain.json"), out)
-    for p, r in list(zip(prompts, texts))[:3]:
-        print(f"  [{data.gold_score(p, r):+.2f}] {p.strip()} | {r}")
-    print(f"pretrain: val loss {out['val_loss']:.3f}, well-formed {out['wellformed_rate']:.0%} of {pt.n_samples}, "
-          f"gold {out['gold_mean']:+.2f} ± {out['gold_std']:.2f}, {fmt_time(seconds)}")
-
-
-def fmt_time(s):
-    return f"{int(s // 60)}m{int(s % 60):02d}s"
-
-
-# ---- stage: reference ----
-def stage_reference(cfg, stamp):
-    """π_ref is the pretrained model, frozen: saved once, loaded by every PPO run, compared bit for bit after."""
-    model, _ = load_checkpoint(path(cfg, "pretrain.pt"))
-    save_checkpoint(model, path(cfg, "ref.pt"))
-    print(f"reference: frozen copy of the pretrained model ({model.num_params() / 1e6:.2f}M parameters) -> ref.pt")
-
-
-# ---- stage: preferences ----
-def stage_preferences(cfg, stamp):
-    run = cfg.run
-    enc = data.load_tokenizer(run.out_dir, cfg.world.tokenizer)
-    model, _ = load_checkpoint(path(cfg, "pretrain.pt"), run.device)
-    rows = make_preferences(model, enc, data.load_prompts(run.out_dir)["train"], cfg.reward.n_pairs, run)
-    store.save_json(path(cfg, "prefs.jsonl"), rows, lines=True)
-    decided = [r for r in rows if r["gold_a"] != r["gold_b"]]
-    agree = np.mean([(r["label"] == 0) == (r["gold_a"] > r["gold_b"]) for r in decided]) if decided else float("nan")
-    print(f"preferences: {len(rows)} pairs; the annotator agrees with the gold order on {agree:.1%} of "
-          f"{len(decided)} pairs with distinct gold scores")
-
-
-# ---- stage: reward ----
-def stage_reward(cfg, stamp):
-    run = cfg.run
-    enc = data.load_tokenizer(run.out_dir, cfg.world.tokenizer)
-    lm, _ = load_checkpoint(path(cfg, "pretrain.pt"), run.device)
-    rows = store.load_json(path(cfg, "prefs.jsonl"), lines=True)        # stages.json vouches for its n_pairs
-    pairs = [dict(chosen=r["tokens_a"], rejected=r["tokens_b"], gold_chosen=r["gold_a"], gold_rejected=r["gold_b"])
-             if r["label"] == 0 else dict(chosen=r["tokens_b"], rejected=r["tokens_a"], gold_chosen=r["gold_b"],
-                                          gold_rejected=r["gold_a"]) for r in rows]
-    rm, stats = train_reward_model(lm, pairs, cfg.reward, enc.eot_token, seed=run.seed)
-    if not dist.is_main():                                              # torchrun: rank 0 writes
-        return
-    save_scalar_model(rm, path(cfg, "reward.pt"))
-    store.save_json(path(cfg, "reward.json"), stats)
-    print(f"reward model: held-out accuracy {stats['acc_noisy']:.1%} against the noisy labels, "
-          f"{stats['acc_gold']:.1%} against the gold order ({stats['n_val']} pairs; the annotator itself agrees "
-          f"with gold on {stats['annotator_agreement']:.1%})")
-
-
-# ---- stage: ppo (the loop is ppo.train_ppo) ----
-def load_models(base, device):
-    """The pretrained actor, the frozen reference and the reward model (no gradients) of a run folder."""
-    actor, _ = load_checkpoint(os.path.join(base, "pretrain.pt"), device)
-    ref, _ = load_checkpoint(os.path.join(base, "ref.pt"), device)
-    rm, _ = load_scalar_model(os.path.join(base, "reward.pt"), device)
-    return actor, Reference(ref), rm.requires_grad_(False)
-
-
-def run_ppo(cfg, base, run_dir, stamp, log=print):
-    """PPO from base's pretrained model, reference and reward model; writes into run_dir actor.pt, metrics.jsonl,
-    ppo.json (final evaluation, with the stamp it was made under) and ppo.png. Used by ablate.py too."""
-    run = cfg.run
-    os.makedirs(run_dir, exist_ok=True)
-    enc = data.load_tokenizer(base, cfg.world.tokenizer)
-    prompts = data.load_prompts(base)
-    actor, ref, rm = load_models(base, run.device)
-    actor, ref = refs.make_reference(actor, ref.model, cfg.ref)      # --ref=full: the same two models
-    memory = refs.memory_bytes(actor, ref)
-    critic = copy.deepcopy(rm).requires_grad_(True)                  # the critic starts as the reward model
-    metrics, beta = train_ppo(actor, critic, ref, rm, enc, prompts["train"], cfg, run_dir, stamp, log)
-    if not dist.is_main():                                           # torchrun: rank 0 evaluates and writes
-        return None
-    save_checkpoint(refs.plain_actor(actor), os.path.join(run_dir, "actor.pt"))    # lora: adapters merged
-    save_scalar_model(critic, os.path.join(run_dir, "critic.pt"))    # the inspect page's per-token advantages
-    full_ref = Reference(load_checkpoint(os.path.join(base, "ref.pt"), run.device)[0])
-    unchanged = refs.unchanged(ref, full_ref.model, cfg.ref)
-    seed_everything(run.seed + 1)
-    final, _ = evaluate_policy(actor, enc, prompts["heldout"], run, full_ref, rm, cfg.ppo.n_eval)  # KL to full ref
-    summary = dict(final=final, reference_unchanged=unchanged, kl_coef_final=beta, stamp=stamp,
-                   skipped_updates=metrics[-1]["policy/skipped_updates"], seconds=metrics[-1]["time/elapsed"])
-    own, step0 = final["kl"], 0.0                                   # full: the same model; exact: 0 at step 0,
-    if cfg.ref.ref != "full":                                        # checked at the first rollout
-        seed_everything(run.seed + 1)                               # the same samples, scored by the run's ref
-        own = evaluate_policy(actor, enc, prompts["heldout"], run, ref, rm, cfg.ppo.n_eval)[0]["kl"]
-    if not ref.exact:
-        seed_everything(run.seed + 1)
-        step0 = refs.step0_kl(load_checkpoint(os.path.join(base, "pretrain.pt"), run.device)[0], ref, enc,
-                              prompts["heldout"], run, rm, cfg.ppo.n_eval)
-    summary["ref"] = dict(kind=cfg.ref.ref, bytes=memory["ref"], actor_bytes=memory["actor"],
-                          trainable_bytes=memory["trainable"], kl_step0=step0, kl_own_ref=own,
-                          seconds_per_iter=metrics[-1]["time/elapsed"] / len(metrics),
-                          rollbacks=metrics[-1]["policy/rollbacks"])
-    store.save_json(os.path.join(run_dir, "ppo.json"), summary)
-    plot_metrics(metrics, os.path.join(run_dir, "ppo.png"))
-    store.remove(os.path.join(run_dir, "ppo_state.pt"))             # finished: ppo.json is the record
-    return summary
-
-
-def stage_ppo(cfg, stamp):
-    s = run_ppo(cfg, cfg.run.out_dir, cfg.run.out_dir, stamp)
-    if s is None:                                                     # torchrun: a rank other than 0
-        return
-    f = s["final"]
-    print(f"ppo: held-out gold {f['gold_mean']:+.2f}, proxy {f['proxy_mean']:+.2f}, KL to reference "
-          f"{f['kl']:.2f} nats, well-formed {f['wellformed_rate']:.0%}; reference unchanged: "
-          f"{s['reference_unchanged']}")
-
-
-# ---- stage: report ----
-def stage_report(cfg, stamp):
-    run = cfg.run
-    enc = data.load_tokenizer(run.out_dir, cfg.world.tokenizer)
-    pre, ref, rm = load_models(run.out_dir, run.device)
-    rlhf, _ = load_checkpoint(path(cfg, "actor.pt"), run.device)
-    heldout = data.load_prompts(run.out_dir)["heldout"]
-    res, samples = {}, {}
-    for name, model in (("pretrained", pre), ("rlhf", rlhf)):
-        seed_everything(run.seed + 1)                                 # same prompts, same sampling noise
-        res[name], samples[name] = evaluate_policy(model, enc, heldout, run, ref, rm, cfg.ppo.n_eval)
-    timings = store.load_json(path(cfg, "timings.json")) if os.path.exists(path(cfg, "timings.json")) else {}
-    print(write_report(path(cfg, "report.md"), res, samples, cfg.ppo.n_eval, run.temperature, timings))
-    store.save_json(path(cfg, "report.json"), dict(res, seconds=timings))
-
-
-# ---- stage: sample (the actor alone, no reference needed) ----
-def stage_sample(cfg, stamp):
-    run = cfg.run
-    enc = data.load_tokenizer(run.out_dir, cfg.world.tokenizer)
-    actor, _ = load_checkpoint(path(cfg, "actor.pt"), run.device)
-    prompts = [run.prompt] if run.prompt else data.load_prompts(run.out_dir)["heldout"][:8]
-    for p, r in zip(prompts, sample_texts(actor, enc, prompts, run)):
-        print(f"[gold {data.gold_score(p, r):+.2f}] {p.strip()} | {r}")
-
-
-# ---- the stage table: what each stage reads, writes, and which config fields shape its outputs ----
-Stage = namedtuple("Stage", "name fn inputs outputs fields partial")
-_names = lambda *groups: [f.name for g in groups for _, f in fields({"g": g})]
-_SAMPLING = ["seed", "temperature", "response_length", "dtype"]
-WORLD = ["world.json", "train.txt", "val.txt", "train.bin", "val.bin", "tokenizer.bpe", "prompts.json"]
-TOK = ["tokenizer.bpe", "prompts.json"]
-STAGES = [
-    Stage("world", stage_world, [], WORLD, ["seed"] + _names(WorldConfig), None),
-    Stage("pretrain", stage_pretrain, ["train.bin", "val.bin"] + TOK, ["pretrain.pt", "pretrain.json"],
-          _SAMPLING + ["dtype"] + _names(GPTConfig, PretrainConfig), "pretrain_ckpt.pt"),
-    Stage("reference", stage_reference, ["pretrain.pt"], ["ref.pt"], [], None),
-    Stage("preferences", stage_preferences, ["pretrain.pt"] + TOK, ["prefs.jsonl"], _SAMPLING + ["n_pairs"], None),
-    Stage("reward", stage_reward, ["pretrain.pt", "prefs.jsonl"], ["reward.pt", "reward.json"],
-          ["seed", "dtype"] + _names(RewardConfig), None),
-    Stage("ppo", stage_ppo, ["pretrain.pt", "ref.pt", "reward.pt", "train.bin"] + TOK,   # train.bin: ptx
-          ["actor.pt", "critic.pt", "metrics.jsonl", "ppo.json", "ppo.png"],
-          _SAMPLING + [n for n in _names(KLConfig, PPOConfig, RefConfig) if n != "save_interval"], "ppo_state.pt"),
-    Stage("report", stage_report, ["pretrain.pt", "actor.pt", "ref.pt", "reward.pt"] + TOK,
-          ["report.md", "report.json"], _SAMPLING + ["n_eval"], None),
-]
-SAMPLE = Stage("sample", stage_sample, ["actor.pt"] + TOK, [], [], None)
-INSPECT = Stage("inspect", stage_inspect, ["pretrain.pt", "ref.pt", "reward.pt"] + TOK, [], [], None)  # inspect.html
-BY_NAME = {s.name: s for s in STAGES + [SAMPLE, INSPECT]}
-
-
-def files(cfg, names):
-    """A stage's files under this config (gpt2's tokenizer is tiktoken's own: no tokenizer.bpe)."""
-    return [n for n in names if n != "tokenizer.bpe" or cfg.world.tokenizer == "bpe"]
-
-
-def stamp(cfg, st):
-    """What a stage's outputs are made from: its config fields and the hashes of its input files."""
-    values = {f.name: getattr(getattr(cfg, g), f.name) for g, f in fields(GROUPS) if f.name in st.fields}
-    return dict(config=values, inputs={n: store.file_hash(path(cfg, n)) for n in files(cfg, st.inputs)})
-
-
-def world_ok(cfg, corpus=True):
-    """config.check_world with this folder's tokenizer, prompts (and --prompt) and token files."""
-    enc = data.load_tokenizer(cfg.run.out_dir, cfg.world.tokenizer)
-    prompts = sum(data.load_prompts(cfg.run.out_dir).values(), []) + ([cfg.run.prompt] if cfg.run.prompt else [])
-    check_world(cfg, enc, prompts, {s: os.path.getsize(path(cfg, f"{s}.bin")) // 2 for s in ("train", "val") if corpus})
 
 
 TRAINING = {"pretrain", "reward", "ppo"}        # torchrun: every rank runs these; rank 0 runs the others alone

@@ -5,6 +5,17 @@ torch.set_num_threads(min(2, torch.get_num_threads()))
 import pytest
 
 
+def recording_controller(make, fed):
+    """ppo.make_kl_controller's stand-in: the controller `make` builds, with every KL its update is fed appended to
+    `fed` (what β is controlled by), then passed on unchanged."""
+    def recording(*a):
+        ctl = make(*a)
+        update = ctl.update
+        ctl.update = lambda kl, n: (fed.append(kl), update(kl, n))
+        return ctl
+    return recording
+
+
 @pytest.fixture(scope="session")
 def run(tmp_path_factory):
     """One full `python train.py --preset=smoke` run, shared by the end-to-end tests."""

@@ -3,7 +3,7 @@ Ctrl-C are one line, and Ctrl-C leaves no worker behind."""
 import json, math, os, signal, subprocess, sys, time
 import numpy as np
 import pytest
-import ablate, store, train
+import ablate, store, tables, train
 from config import flat
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -17,7 +17,7 @@ def test_every_condition_appears_with_finite_values_and_finished_runs_are_reused
     rows = store.load_json(os.path.join(adir, "results.jsonl"), lines=True)
     assert {r["condition"] for r in rows} == set(ablate.SUITES["core"]) | {"pretrained"}      # the default suite
     for r in rows:
-        for c in ablate.COLUMNS:
+        for c in tables.COLUMNS:
             assert math.isfinite(r[c]), (r["condition"], c)
     table = open(os.path.join(adir, "results.md")).read()
     assert all(f"| {c} | 1337 |" in table for c in ablate.SUITES["core"])
@@ -46,7 +46,7 @@ def test_every_condition_appears_with_finite_values_and_finished_runs_are_reused
     assert [r["condition"] for r in again] == ["pretrained"] + new and os.path.getmtime(twin) == mtime
     assert open(os.path.join(adir, "results_core.md")).read() == core       # --conditions: no suite file
     assert not os.path.exists(os.path.join(adir, "est_k3_reward"))
-    assert all(math.isfinite(r[c]) for r in again for c in ablate.COLUMNS)
+    assert all(math.isfinite(r[c]) for r in again for c in tables.COLUMNS)
     k3 = next(r for r in rows if r["condition"] == "est_k3")
     assert {k: v for k, v in k3.items() if k != "condition"} == \
         {k: v for k, v in again[2].items() if k != "condition"}
@@ -62,15 +62,15 @@ def test_suites_name_known_conditions_and_all_is_their_union():
 
 
 def test_bootstrap_interval_on_known_cases():
-    mean, lo, hi = ablate.bootstrap_ci([2.0, 2.0, 2.0])
+    mean, lo, hi = tables.bootstrap_ci([2.0, 2.0, 2.0])
     assert mean == lo == hi == 2.0
     rng = np.random.default_rng(5)
     x = rng.normal(1.0, 2.0, 400)
-    mean, lo, hi = ablate.bootstrap_ci(x)                              # the normal interval: mean ± 1.96 σ/√n
+    mean, lo, hi = tables.bootstrap_ci(x)                              # the normal interval: mean ± 1.96 σ/√n
     half = 1.96 * x.std() / np.sqrt(len(x))
     assert lo == pytest.approx(mean - half, abs=0.03) and hi == pytest.approx(mean + half, abs=0.03)
-    assert ablate.bootstrap_ci(x) == (mean, lo, hi)                     # a fixed seed: the same table every time
-    m, lo3, hi3 = ablate.bootstrap_ci([1.0, 2.0, 6.0])
+    assert tables.bootstrap_ci(x) == (mean, lo, hi)                     # a fixed seed: the same table every time
+    m, lo3, hi3 = tables.bootstrap_ci([1.0, 2.0, 6.0])
     assert (m, lo3, hi3) == (3.0, 1.0, 6.0)         # 3 seeds: each extreme resample has mass 1/27 > 2.5 %: [min, max]
 
 
@@ -79,9 +79,9 @@ def test_paired_differences_and_not_separated():
             [("adaptive", 1, 0.0), ("adaptive", 2, 1.0), ("adaptive", 3, 2.0),
              ("a", 1, 0.5), ("a", 2, 1.5), ("a", 3, 2.5),                # +0.5 on every seed: separated
              ("b", 1, 1.0), ("b", 2, 0.0), ("b", 3, 2.0), ("b", 4, 9.0)]]   # +1, -1, 0: crosses 0; seed 4 unpaired
-    a, b = ablate.paired_ci(rows, "a", "adaptive", "gold_mean"), ablate.paired_ci(rows, "b", "adaptive", "gold_mean")
-    assert a == (0.5, 0.5, 0.5, 3) and "not separated" not in ablate.verdict(a)
-    assert b[0] == 0.0 and b[1] < 0 < b[2] and b[3] == 3 and ablate.verdict(b).endswith("not separated")
+    a, b = tables.paired_ci(rows, "a", "adaptive", "gold_mean"), tables.paired_ci(rows, "b", "adaptive", "gold_mean")
+    assert a == (0.5, 0.5, 0.5, 3) and "not separated" not in tables.verdict(a)
+    assert b[0] == 0.0 and b[1] < 0 < b[2] and b[3] == 3 and tables.verdict(b).endswith("not separated")
 
 
 def test_the_cheap_reference_table(run):

@@ -4,7 +4,7 @@ resume; --ptx_coef adds exactly ptx_coef x the language-model loss's gradient to
 import copy, os
 import pytest
 import torch
-import ppo, store, train
+import ppo, stages, store, train
 from kl import KLConfig
 from model import StepGuard
 from test_ppo import EOS, tiny
@@ -12,8 +12,8 @@ from test_ppo import EOS, tiny
 
 def ppo_run(run, out, *flags, log=lambda s: None):
     cfg = train.parse(["--preset=smoke", f"--out_dir={run}", *flags])
-    train.seed_everything(cfg.run.seed)
-    s = train.run_ppo(cfg, run, str(out), train.stamp(cfg, train.BY_NAME["ppo"]), log=log)
+    stages.seed_everything(cfg.run.seed)
+    s = stages.run_ppo(cfg, run, str(out), stages.stamp(cfg, stages.BY_NAME["ppo"]), log=log)
     return s, [{k: v for k, v in r.items() if not k.startswith("time/")}
                for r in store.load_json(os.path.join(out, "metrics.jsonl"), lines=True)]
 

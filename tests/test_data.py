@@ -2,7 +2,7 @@
 import random
 import numpy as np
 import pytest
-import data
+import data, tokenizer
 
 P = "review: the pasta place on main street\n"
 E = data.EOT
@@ -99,18 +99,18 @@ def test_annotator_agreement_near_target():
 
 def test_bpe_roundtrip_and_determinism(tmp_path):
     text = "\n".join(data.sample_review(random.Random(5)) for _ in range(300))
-    r1, r2 = data.train_bpe(text, 400), data.train_bpe(text, 400)
+    r1, r2 = tokenizer.train_bpe(text, 400), tokenizer.train_bpe(text, 400)
     assert r1 == r2 and len(r1) <= 399
-    enc = data.make_encoding(r1)
+    enc = tokenizer.make_encoding(r1)
     for s in [text, "héllo wörld ☃ 日本語 🙂 \t\n  x", "".join(chr(i) for i in range(32, 2000, 7)), ""]:
         assert enc.decode(enc.encode_ordinary(s)) == s
     assert enc.decode([enc.eot_token]) == E
-    data.save_ranks(r1, tmp_path / "tokenizer.bpe")
-    enc2 = data.load_tokenizer(str(tmp_path))
+    tokenizer.save_ranks(r1, tmp_path / "tokenizer.bpe")
+    enc2 = tokenizer.load_tokenizer(str(tmp_path))
     assert enc2.encode_ordinary(text) == enc.encode_ordinary(text)
     assert len(enc.encode_ordinary(text)) < len(text.encode()) / 2          # merges compress the world's text
 
 
 def test_unknown_tokenizer_is_a_clear_error(tmp_path):
     with pytest.raises(SystemExit, match="unknown tokenizer"):
-        data.load_tokenizer(str(tmp_path), "nope")
+        tokenizer.load_tokenizer(str(tmp_path), "nope")

@@ -7,8 +7,9 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-import dist, ppo, store, train
-from config import RunError
+import dist, ppo, stages, store, train
+from conftest import recording_controller
+from errors import RunError
 from kl import KLConfig
 from model import GPT, GPTConfig, StepGuard, adamw, autocast, pad_left
 from ref import Reference
@@ -100,14 +101,8 @@ def ppo_loop(out, monkeypatch_fed):
     actor = copy.deepcopy(ref.model).requires_grad_(True)                 # PPO starts at the reference
     cfg = train.parse(["--preset=smoke", "--ppo_iters=3", "--rollout_batch=8", "--minibatch_size=4",
                        "--response_length=8", "--ppo_lr=1e-2", "--kl_horizon=10", "--device=cpu"])
-    fed, make = [], ppo.make_kl_controller
-
-    def recording(*a):
-        ctl = make(*a)
-        update = ctl.update
-        ctl.update = lambda kl, n: (fed.append(kl), update(kl, n))
-        return ctl
-    monkeypatch_fed(recording)
+    fed = []
+    monkeypatch_fed(recording_controller(ppo.make_kl_controller, fed))
     metrics, _ = ppo.train_ppo(actor, critic.requires_grad_(True), ref, rm, Letters(), ["abc", "de", "fghij", "k"],
                                cfg, out, dict(test=1), log=lambda s: None)
     return fed, metrics
@@ -178,13 +173,13 @@ def test_torchrun_runs_every_stage_and_writes_what_one_process_writes(run, tmp_p
                         "train.py", "--preset=smoke", f"--out_dir={out}", *SHORT], cwd=ROOT, capture_output=True,
                        text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
-    known = {n for st in train.STAGES for n in st.outputs + [st.partial] if n} | \
+    known = {n for st in stages.STAGES for n in st.outputs + [st.partial] if n} | \
         {"config.json", "stages.json", "timings.json", ".lock"}
     assert set(os.listdir(out)) <= known                                   # nothing else (no rank 1 files)
     assert set(os.listdir(out)) == known & set(os.listdir(run))            # what the single-process smoke run made
     assert p.stdout.count("---- stage world ----") == 1                   # rank 0 alone prints
     records = store.load_json(os.path.join(out, "stages.json"))
-    assert all(store.outputs_intact(out, records[st.name]) for st in train.STAGES)
+    assert all(store.outputs_intact(out, records[st.name]) for st in stages.STAGES)
     rows = store.load_json(os.path.join(out, "metrics.jsonl"), lines=True)
     assert len(rows) == 2 and rows[0]["objective/kl"] == 0 and rows[1]["objective/kl"] > 0
     assert all(r["policy/ratio_dev_first"] < 1e-5 for r in rows)           # old log-probs: each rank's own policy

@@ -3,7 +3,7 @@ is what kl.py gives for the same tokens (recomputed here from the models through
 import json, math, os, shutil
 from html.parser import HTMLParser
 import torch
-import data, store, train
+import store, tokenizer, train
 from kl import kl_full
 from model import encode_prompts, join_tokens, load_checkpoint, response_logits, response_mask, token_logprobs
 from reward import load_scalar_model, response_values, score
@@ -43,7 +43,7 @@ def test_inspect_page_is_valid_and_its_numbers_are_kl_py_s(run):
     page.feed(text)
     page.close()
     assert page.stack == [] and len(page.blocks) == 4                     # 2 prompts x (pretrained, RLHF)
-    enc = data.load_tokenizer(run, "bpe")
+    enc = tokenizer.load_tokenizer(run, "bpe")
     ref, _ = load_checkpoint(os.path.join(run, "ref.pt"))
     cfg = train.parse(["--preset=smoke"])
     moved = 0
@@ -84,7 +84,7 @@ def test_inspect_advantages_are_gae_under_the_runs_own_settings(run, tmp_path):
                 f"--inspect_actor={tmp_path / 'actor.pt'}"])
     page = Page()
     page.feed((tmp_path / "inspect.html").read_text(encoding="utf-8"))
-    enc = data.load_tokenizer(run, "bpe")
+    enc = tokenizer.load_tokenizer(run, "bpe")
     ref, _ = load_checkpoint(os.path.join(run, "ref.pt"))
     rm, _ = load_scalar_model(os.path.join(run, "reward.pt"))
     critic, _ = load_scalar_model(os.path.join(run, "critic.pt"))

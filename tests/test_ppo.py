@@ -225,7 +225,7 @@ def test_a_non_finite_loss_skips_the_step_and_several_stop_the_run():
     assert not guard.step(model(torch.tensor([[float("nan"), 1.0]])).sum(), opt, list(model.parameters()), 1.0)
     assert guard.skipped == 1 and all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
     assert guard.step(model(torch.ones(1, 2)).sum(), opt, list(model.parameters()), 1.0)
-    from config import RunError
+    from errors import RunError
     with pytest.raises(RunError, match="diverged"):
         for _ in range(10):
             guard.step(torch.tensor(float("inf"), requires_grad=True), opt, list(model.parameters()), 1.0)

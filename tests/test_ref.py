@@ -5,7 +5,7 @@ the last good state bit for bit, also across a resume."""
 import copy, os, statistics
 import pytest
 import torch
-import data, ppo, store, train
+import data, ppo, store, tokenizer, train
 import ref as refs
 from model import encode_prompts, load_checkpoint, response_logits
 from kl import FixedKLController, kl_full
@@ -52,7 +52,7 @@ def test_nf4_levels_are_normal_quantiles_and_error_is_at_most_half_the_largest_g
 
 def real_batch(run, n=12, length=30):
     """The smoke run's pretrained model, ref.pt's model, and its samples on held-out prompts."""
-    enc = data.load_tokenizer(run, "bpe")
+    enc = tokenizer.load_tokenizer(run, "bpe")
     pre, _ = load_checkpoint(os.path.join(run, "pretrain.pt"))
     ref_model, _ = load_checkpoint(os.path.join(run, "ref.pt"))
     torch.manual_seed(0)

@@ -3,8 +3,8 @@ Each probe works on a copy of the smoke run (the `run` fixture), through train.m
 import os, shutil, signal, subprocess, sys, threading, time
 import pytest
 import torch
-import store, train
-from config import RunError
+import stages, store, train
+from errors import RunError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMOKE = ["--preset=smoke"]
@@ -123,7 +123,7 @@ def test_a_stale_reference_stops_ppo_at_the_first_rollout(run, tmp_path):
     shutil.copy(os.path.join(out, "actor.pt"), os.path.join(out, "ref.pt"))    # not the pretrained model
     cfg = train.parse(SMOKE + [f"--out_dir={out}"])
     with pytest.raises(RunError, match="first rollout"):
-        train.run_ppo(cfg, out, str(tmp_path / "ppo"), train.stamp(cfg, train.BY_NAME["ppo"]))
+        stages.run_ppo(cfg, out, str(tmp_path / "ppo"), stages.stamp(cfg, stages.BY_NAME["ppo"]))
 
 
 def test_loads_that_fail_name_the_file(tmp_path):

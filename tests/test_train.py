@@ -3,7 +3,8 @@
 import json, math, os, shutil, signal, subprocess, sys, time
 import pytest
 import torch
-import store, train
+import stages, store, train
+from conftest import recording_controller
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -13,10 +14,10 @@ def read(out, name):
 
 
 def ppo_run(run, out, *flags, log=lambda s: None):
-    """The PPO stage's own code (train.run_ppo -> ppo.train_ppo) on the smoke run's models, into `out`."""
+    """The PPO stage's own code (stages.run_ppo -> ppo.train_ppo) on the smoke run's models, into `out`."""
     cfg = train.parse(["--preset=smoke", f"--out_dir={run}", *flags])
-    train.seed_everything(cfg.run.seed)
-    return train.run_ppo(cfg, run, str(out), train.stamp(cfg, train.BY_NAME["ppo"]), log=log), \
+    stages.seed_everything(cfg.run.seed)
+    return stages.run_ppo(cfg, run, str(out), stages.stamp(cfg, stages.BY_NAME["ppo"]), log=log), \
         read(str(out), "metrics.jsonl")
 
 
@@ -26,7 +27,7 @@ def no_time(rows):
 
 def test_every_stage_wrote_its_output_and_its_record(run):
     records = read(run, "stages.json")
-    for st in train.STAGES:
+    for st in stages.STAGES:
         assert store.outputs_intact(run, records[st.name]), st.name
     assert read(run, "config.json")["gpt"]["n_layer"] == 2 and not os.path.exists(os.path.join(run, "ppo_state.pt"))
 
@@ -96,14 +97,8 @@ def test_beta_moves_as_the_adaptive_controller_says(run):
 def test_the_controller_is_fed_the_exact_kl(run, tmp_path, monkeypatch):
     """Not the estimator (k1 can be negative): the batch mean of the exact per-sequence KL that β controls."""
     import ppo
-    fed, make = [], ppo.make_kl_controller
-
-    def recording(*a):
-        ctl = make(*a)
-        update = ctl.update
-        ctl.update = lambda kl, n: (fed.append(kl), update(kl, n))
-        return ctl
-    monkeypatch.setattr(ppo, "make_kl_controller", recording)
+    fed = []
+    monkeypatch.setattr(ppo, "make_kl_controller", recording_controller(ppo.make_kl_controller, fed))
     _, rows = ppo_run(run, tmp_path, "--ppo_iters=3")
     assert fed == pytest.approx([r["objective/kl_penalized"] for r in rows], rel=1e-6)
     assert fed != pytest.approx([r["objective/kl_estimate"] for r in rows], rel=1e-3)

@@ -1,0 +1,154 @@
+"""The ablation's statistics, tables and plots: what ablate.py writes once its runs are done.
+
+    python ablate.py --suite=core        # runs the conditions (ablate.py), then writes these into out/ablate/
+`bootstrap_ci` is the percentile bootstrap interval of a mean over seeds; `paired_ci` the interval of a condition
+minus the baseline condition, paired by seed; `verdict` says "not separated" where that interval holds 0.
+`summarise` (results.md), `ref_table` (the cheap-reference table), `beta_table` (β over the run) and `plot`
+(scores.png, frontier.png, beta.png) read ablate.py's rows (one per condition and seed, results.jsonl) and, for the
+curves, each run's metrics.jsonl in the folder `run_dir(condition, seed)` ablate.py names.
+Left out: corrections for many comparisons, intervals for the curves.
+"""
+import json, os
+import numpy as np
+
+DEFAULT_CONDITION = "adaptive"  # the paired comparisons are against this row (the main run's settings)
+COLUMNS = ["proxy_mean", "gold_mean", "kl", "ref_ppl", "distinct_1", "distinct_2", "repetition_rate",
+           "wellformed_rate", "eos_rate", "seconds"]
+
+
+def bootstrap_ci(x, level=0.95, n_boot=10000, seed=0):
+    """(mean, low, high): the percentile bootstrap interval of the mean of x, resampled with replacement with a
+    fixed RNG seed, so a table is reproducible. With 3 seeds it is coarse (10 distinct resampled means): honest."""
+    x = np.asarray(x, dtype=float)
+    means = x[np.random.default_rng(seed).integers(0, len(x), (n_boot, len(x)))].mean(1)   # (n_boot,)
+    lo, hi = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
+    return float(x.mean()), float(lo), float(hi)
+
+
+def paired_ci(rows, cond, base, col):
+    """The bootstrap interval of cond - base in column col over the seeds both have (paired: same seed, same
+    prompts, same first rollout). None below 2 shared seeds."""
+    a, b = ({r["seed"]: r[col] for r in rows if r["condition"] == c} for c in (cond, base))
+    seeds = sorted(set(a) & set(b))
+    return bootstrap_ci([a[s] - b[s] for s in seeds]) + (len(seeds),) if len(seeds) >= 2 else None
+
+
+def verdict(ci):
+    mean, lo, hi, n = ci
+    return f"{mean:+.3f} [{lo:+.3f}, {hi:+.3f}]" + (" not separated" if lo <= 0 <= hi else "")
+
+
+def summarise(rows, order, base=DEFAULT_CONDITION, paired=("gold_mean", "kl", "proxy_mean")):
+    """Markdown: mean [95 % bootstrap interval over seeds] per condition; then each condition minus `base` (or the
+    suite's first condition), paired over seeds, where an interval that holds 0 reads "not separated"."""
+    base = base if base in order else next((c for c in order if c != "pretrained"), None)   # a suite without it
+    lines = ["| condition | seeds | " + " | ".join(COLUMNS) + " |", "|---" * (len(COLUMNS) + 2) + "|"]
+    for cond in order:
+        rs = [r for r in rows if r["condition"] == cond]
+        if rs:
+            cells = ["{:.3f} [{:.3f}, {:.3f}]".format(*bootstrap_ci([r[c] for r in rs])) if len(rs) > 1
+                     else f"{rs[0][c]:.3f}" for c in COLUMNS]                       # one seed: no interval
+            lines.append(f"| {cond} | {','.join(str(r['seed']) for r in rs)} | " + " | ".join(cells) + " |")
+    if base and len({r["seed"] for r in rows if r["condition"] == base}) < 2:
+        lines += ["", "One seed: no intervals, no paired differences (run --seeds=3 or more)."]
+    elif base:
+        lines += ["", f"Paired differences against {base} (same seeds), 95 % bootstrap interval:", "",
+                  "| condition | seeds | " + " | ".join(f"Δ {c}" for c in paired) + " |",
+                  "|---" * (len(paired) + 2) + "|"]
+        for cond in order:
+            cis = [paired_ci(rows, cond, base, c) for c in paired]
+            if cond not in (base, "pretrained") and cis[0]:
+                lines.append(f"| {cond} | {cis[0][3]} | " + " | ".join(verdict(ci) for ci in cis) + " |")
+    return "\n".join(lines) + "\n"
+
+
+REF_COLUMNS = [("bytes held for the reference", lambda r: r["ref"]["bytes"] / 1e6, "{:.2f} MB"),
+               ("trainable actor state", lambda r: r["ref"]["trainable_bytes"] / 1e6, "{:.2f} MB"),
+               ("KL to full ref, step 0", lambda r: r["ref"]["kl_step0"], "{:.1e}"),
+               ("gold", lambda r: r["gold_mean"], "{:+.2f}"), ("proxy", lambda r: r["proxy_mean"], "{:+.2f}"),
+               ("KL to full ref", lambda r: r["kl"], "{:.2f}"),
+               ("KL to own ref", lambda r: r["ref"]["kl_own_ref"], "{:.2f}"),
+               ("well-formed", lambda r: r["wellformed_rate"], "{:.2f}"),
+               ("s / iteration", lambda r: r["ref"]["seconds_per_iter"], "{:.2f}"),
+               ("rollbacks", lambda r: r["ref"]["rollbacks"], "{:.1f}")]
+
+
+def ref_table(rows, order):
+    """Markdown table "Making the reference cheap": bytes, step-0 KL, and the PPO run's results, mean [95 %]."""
+    lines = ["| condition | " + " | ".join(c for c, _, _ in REF_COLUMNS) + " |", "|---" * (len(REF_COLUMNS) + 1) + "|"]
+    for cond in order:
+        rs = [r for r in rows if r["condition"] == cond and r.get("ref")]
+        if rs:
+            cells = []
+            for _, get, fmt in REF_COLUMNS:
+                v = [get(r) for r in rs]
+                m, lo, hi = bootstrap_ci(v)                   # 95 % over seeds, where the seeds differ at all
+                cells.append(fmt.format(m) + (f" [{fmt.format(lo)}, {fmt.format(hi)}]" if hi > lo else ""))
+            lines.append(f"| `{cond}` | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def beta_table(run_dir, rows, order, at=(1, 0.25, 0.5, 0.75, 1.0)):
+    """Markdown: β at the first iteration and at fractions of the run, mean over seeds, for the conditions whose β
+    moves (read from each run's metrics.jsonl, in the folder run_dir(condition, seed)); empty when none does."""
+    lines = []
+    for cond in (c for c in order if c != "pretrained"):
+        curves = []
+        for r in (r for r in rows if r["condition"] == cond):
+            with open(os.path.join(run_dir(cond, r["seed"]), "metrics.jsonl")) as f:
+                curves.append([json.loads(line)["objective/kl_coef"] for line in f])
+        if curves and len({round(b, 12) for c in curves for b in c}) > 1:
+            n = len(curves[0])
+            its = [1] + [max(1, round(f * n)) for f in at[1:]]
+            lines.append(f"| {cond} | " + " | ".join(f"{np.mean([c[i - 1] for c in curves]):.4f}" for i in its) + " |")
+            head = "| condition | " + " | ".join(f"β at iter {i}" for i in its) + " |"
+    if not lines:
+        return ""
+    return ("\nβ over the run (mean over seeds; the β each iteration's rewards used):\n\n" + head + "\n"
+            + "|---" * (len(at) + 1) + "|\n" + "\n".join(lines) + "\n")
+
+
+def plot(rows, adir, order, run_dir):
+    """scores.png, frontier.png and beta.png into adir, from the rows and each run's metrics.jsonl (in the folder
+    run_dir(condition, seed)); skipped without matplotlib."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharex=True)
+    for i, cond in enumerate(c for c in ["no_kl", "rolling_ref", "fixed_0.005", "fixed_0.5", "adaptive"] if c in order):
+        curves = []
+        for r in (r for r in rows if r["condition"] == cond):
+            with open(os.path.join(run_dir(cond, r["seed"]), "metrics.jsonl")) as f:
+                curves.append([json.loads(line) for line in f])
+        if curves:
+            it = [x["iter"] for x in curves[0]]
+            for ax, key in zip(axes, ["objective/gold", "objective/scores"]):
+                ax.plot(it, np.mean([[x[key] for x in c] for c in curves], 0), color=f"C{i}", label=cond)
+    axes[0].set_title("gold score (simulated human)"); axes[1].set_title("proxy score (reward model)")
+    for ax in axes:
+        ax.set_xlabel("PPO iteration")
+    if axes[1].get_legend_handles_labels()[0]:                      # a suite may plot none of these
+        axes[1].legend(fontsize=8)
+    fig.tight_layout(); fig.savefig(os.path.join(adir, "scores.png"), dpi=100)
+    plt.close(fig)
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    for i, cond in enumerate(order):
+        rs = [r for r in rows if r["condition"] == cond]
+        ax.scatter([np.sqrt(max(r["kl"], 0)) for r in rs], [r["gold_mean"] for r in rs], color=f"C{i % 10}",
+                   marker="o" if i < 10 else "s", label=cond)
+    ax.set_xlabel("sqrt(KL to reference), sqrt(nats)"); ax.set_ylabel("gold score, held-out prompts")
+    ax.set_title("over-optimisation frontier (Gao et al. 2022)"); ax.legend(fontsize=7)
+    fig.tight_layout(); fig.savefig(os.path.join(adir, "frontier.png"), dpi=100); plt.close(fig)
+    moving = [c for c in ("adaptive", "adaptive_fast", "band", "linear_decay") if c in order]
+    if moving:                                                        # β over iterations, first seed of each
+        fig, ax = plt.subplots(figsize=(6.5, 4))
+        for i, cond in enumerate(moving):
+            r = next(r for r in rows if r["condition"] == cond)
+            with open(os.path.join(run_dir(cond, r["seed"]), "metrics.jsonl")) as f:
+                m = [json.loads(line) for line in f]
+            ax.plot([x["iter"] for x in m], [x["objective/kl_coef"] for x in m], color=f"C{i}", label=cond)
+        ax.set_xlabel("PPO iteration"); ax.set_ylabel("β"); ax.set_yscale("log"); ax.legend(fontsize=8)
+        fig.tight_layout(); fig.savefig(os.path.join(adir, "beta.png"), dpi=100); plt.close(fig)
