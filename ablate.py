@@ -125,7 +125,10 @@ def parse(argv):
         opts["seeds"] = min(opts["seeds"], 1)
     rest = DEFAULTS + (QUICK if opts["quick"] else []) + user     # later flags win
     for c in conds:
-        train.parse(rest + CONDITIONS[c])                     # unknown or ill-typed flags fail here, before any work
+        cfg = train.parse(rest + CONDITIONS[c])               # unknown or ill-typed flags fail here, before any work
+    for d in (cfg.run.out_dir, os.path.join(cfg.run.out_dir, opts["subdir"])):
+        if store.not_a_folder(d):
+            die(f"--out_dir={cfg.run.out_dir}: {d} {store.not_a_folder(d)}")
     return opts, rest
 
 

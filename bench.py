@@ -159,6 +159,8 @@ def main(argv):
         die(f"bad value for --device: {opts['device']!r} (cpu, or cuda where torch sees one)")
     if opts["threads"] < 0 or opts["repeats"] < 1:
         die("--threads must be >= 0 and --repeats >= 1")
+    if store.not_a_folder(opts["out_dir"]):                # bench.json is written at the end: refuse now
+        die(f"--out_dir={opts['out_dir']} {store.not_a_folder(opts['out_dir'])}")
     if opts["threads"]:
         torch.set_num_threads(opts["threads"])
     dev, n = opts["device"], opts["repeats"]

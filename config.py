@@ -18,7 +18,8 @@ from errors import RunError, die
 
 RULES = {">0": lambda v: v > 0, ">=0": lambda v: v >= 0, "[0,1]": lambda v: 0 <= v <= 1,
          "[0,1)": lambda v: 0 <= v < 1, "(0,1)": lambda v: 0 < v < 1,
-         "(0,1]": lambda v: 0 < v <= 1}
+         "(0,1]": lambda v: 0 < v <= 1, "[0,2^31)": lambda v: 0 <= v < 2 ** 31,
+         ">=0.01": lambda v: v >= 0.01}    # temperature: logits/T in fp32 err by |logit|/T·6e-8, < 1e-3 nats here
 
 
 def arg(default, rule=None, help="", choices=None):
@@ -35,12 +36,14 @@ class RunConfig:
     fresh: bool = arg(False, help="delete every output in out_dir and redo every stage")
     preset: str = arg("default", help="default, smoke (seconds; the tests use it), gpu (one GPU, about 10 minutes)",
                       choices=["default", "smoke", "gpu"])
-    seed: int = arg(1337)
+    seed: int = arg(1337, "[0,2^31)", "numpy takes seeds in [0, 2^32); the stages add small offsets (+1, +2, "
+                    "ablate.py's seed + k)")
     device: str = arg("auto", help="auto (cuda when available), cpu or cuda", choices=["auto", "cpu", "cuda"])
     threads: int = arg(0, ">=0", "torch CPU threads; 0 = torch's default")
     dtype: str = arg("fp32", help="precision of every forward: fp32, or bf16 autocast (with TF32 for what stays fp32 "
                      "on CUDA)", choices=["fp32", "bf16"])
-    temperature: float = arg(1.0, ">0", "one temperature everywhere: sampling, old, reference, training log-probs")
+    temperature: float = arg(1.0, ">=0.01", "one temperature everywhere: sampling, old, reference, training "
+                             "log-probs; below 0.01 sampling is greedy anyway and fp32 log-probs lose precision")
     response_length: int = arg(64, ">0", "most response tokens sampled; prompt + response must fit block_size")
     prompt: str = arg("", help=r"sample stage: your own prompt, e.g. 'review: the nova pro phone\n'")
 

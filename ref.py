@@ -69,8 +69,11 @@ class Reference:
 
     @torch.no_grad()
     def logits(self, query, query_mask, response, temperature):
-        """(B, R, V) temperature-scaled fp32 logits at the response positions."""
-        with adapters_off(self.model) if self.share else contextlib.nullcontext():
+        """(B, R, V) temperature-scaled fp32 logits at the response positions. A half-precision copy (bf16, fp16)
+        computes in its own precision also under --dtype=bf16: autocast would feed fp16 LayerNorms bf16 inputs."""
+        half = self.model.lm_head.weight.dtype != torch.float32
+        with torch.autocast(query.device.type, enabled=False) if half else contextlib.nullcontext(), \
+                adapters_off(self.model) if self.share else contextlib.nullcontext():
             return response_logits(self.model, query, query_mask, response, temperature)
 
     @torch.no_grad()

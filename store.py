@@ -99,6 +99,17 @@ def file_hash(path):
     return h.hexdigest()[:16]
 
 
+def not_a_folder(path):
+    """Why `path` is not, and cannot become, a folder (a file there, or a file on the way to it), in a few words;
+    None when it is one or can be made. Asked before any work, by every command that writes into a folder."""
+    if os.path.exists(path):
+        return None if os.path.isdir(path) else "is a file, not a folder"
+    up = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(up):
+        up = os.path.dirname(up)
+    return None if os.path.isdir(up) else f"cannot be made ({up} is a file)"
+
+
 def remove(path):
     if os.path.exists(path):
         os.remove(path)

@@ -3,6 +3,7 @@
   - `train_bpe(text, vocab_size)` learns merges over GPT-2's pre-tokenized words, most frequent pair first
   - `make_encoding(ranks)` turns the merges into a tiktoken Encoding, end-of-text (EOT) as the last id
   - `save_ranks` / `load_tokenizer` write and read out_dir/tokenizer.bpe (one "base64 bytes, id" a line)
+  - `gpt2_missing()`: whether tiktoken's gpt2 encoding loads from its cache alone (asked before any work)
 Not run on its own: data.py's `build_world` trains it (`python train.py --stage=world`).
 Left out: BPE dropout, special tokens other than end-of-text, a faster merge loop (the smoke world trains in seconds).
 """
@@ -53,6 +54,28 @@ def make_encoding(ranks):
 def save_ranks(ranks, path):
     store.write_text(path, "".join(f"{base64.b64encode(b).decode()} {i}\n"
                                    for b, i in sorted(ranks.items(), key=lambda x: x[1])))
+
+def gpt2_missing():
+    """Why tiktoken cannot load its gpt2 encoding without the network, in one line; None when it can (train.py's
+    parse asks before any work). tiktoken reads each file it needs from its cache ($TIKTOKEN_CACHE_DIR, else
+    $DATA_GYM_CACHE_DIR, else <tmp>/data-gym-cache; named by the sha1 of the file's URL, checked by its sha256)
+    and downloads it with `tiktoken.load.read_file` only when the cache lacks it: here that download fails at once,
+    so nothing is fetched and nothing waits on the network."""
+    import tiktoken, tiktoken.load
+
+    def offline(url):
+        raise OSError(f"{url} is not in tiktoken's cache")
+    fetch, tiktoken.load.read_file = tiktoken.load.read_file, offline
+    try:
+        tiktoken.get_encoding("gpt2")                 # kept by tiktoken: load_tokenizer gets it again for free
+        return None
+    except Exception as e:                            # offline's OSError, or tiktoken's own (then said)
+        why = "" if isinstance(e, OSError) else f" ({type(e).__name__}: {e})"
+        return (f"--tokenizer=gpt2 needs tiktoken's gpt2 files and its cache does not hold them{why}: run python -c "
+                "\"import tiktoken; tiktoken.get_encoding('gpt2')\" once with the network, or use --tokenizer=bpe")
+    finally:
+        tiktoken.load.read_file = fetch
+
 
 def load_tokenizer(out_dir, name="bpe"):
     """The run's tokenizer: our BPE from out_dir/tokenizer.bpe, or tiktoken's gpt2 if it is cached locally."""

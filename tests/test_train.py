@@ -1,6 +1,6 @@
 """End to end at --preset=smoke, through the code `python train.py` runs: every stage, the PPO loop's behaviour
 (KL 0 and ratio 1 at the start, the penalty lowers the KL, the rolling reference, β), determinism, and resume."""
-import json, math, os, shutil, signal, subprocess, sys, time
+import copy, json, math, os, shutil, signal, subprocess, sys, time
 import pytest
 import torch
 import stages, store, train
@@ -157,3 +157,94 @@ def test_smoke_pipeline_on_cuda(tmp_path):
     train.main(["--preset=smoke", f"--out_dir={tmp_path}", "--device=cuda"])
     assert read(str(tmp_path), "metrics.jsonl")[0]["objective/kl"] == 0.0
     assert read(str(tmp_path), "config.json")["run"]["device"] == "cuda"
+
+
+# ---- the last edges: refused before any work (one line, exit 2, nothing written) ----
+def refused_here(main, argv, capsys):
+    """main(argv) must stop with exit 2 and one line on stderr; returns that line."""
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and len(err.splitlines()) == 1 and err.startswith("error: "), err
+    return err
+
+
+@pytest.mark.parametrize("flag, message", [
+    ("--seed=-1", "[0,2^31)"), ("--seed=4294967296", "[0,2^31)"), ("--seed=2147483648", "[0,2^31)"),
+    ("--temperature=1e-300", ">=0.01"), ("--temperature=0.0099", ">=0.01")])
+def test_a_seed_numpy_refuses_and_a_temperature_that_overflows_are_refused(flag, message, tmp_path, capsys):
+    out = tmp_path / "out"
+    err = refused_here(train.main, ["--preset=smoke", f"--out_dir={out}", flag], capsys)
+    assert flag.split("=")[0] in err and message in err
+    assert not out.exists()
+    train.parse(["--preset=smoke", "--seed=0", "--temperature=0.01"])           # the edges themselves pass
+    train.parse(["--preset=smoke", f"--seed={2 ** 31 - 1}"])
+
+
+def test_at_the_temperature_floor_sampling_and_log_probs_stay_finite_and_agree():
+    """Logits of ±100 (beyond what the smoke model reaches) at T = 0.01 in fp32: the sampled tokens' log-probs are
+    finite and the training path (response_logits) gives the ones generate sampled with, to 1e-3 nats."""
+    from model import GPT, GPTConfig, pad_left, response_logits, token_logprobs
+    T = 0.01
+    train.parse(["--preset=smoke", f"--temperature={T}"])
+    torch.manual_seed(0)
+    m = GPT(GPTConfig(block_size=32, vocab_size=40, n_layer=2, n_head=2, n_embd=32)).eval()
+    with torch.no_grad():
+        m.lm_head.weight.mul_(100 / m(torch.tensor([[1, 2, 3]]))[0].abs().max())     # logits of about ±100
+    q, qm = pad_left([[1, 2, 3, 4], [5, 6]], 0)
+    with torch.no_grad():
+        resp, logps = m.generate(q, 12, temperature=T, mask=qm)
+        assert m(q)[0].abs().max() > 50
+        again = token_logprobs(response_logits(m, q, qm, resp, T), resp)
+    assert torch.isfinite(logps).all() and (logps <= 0).all()
+    torch.testing.assert_close(again, logps, atol=1e-3, rtol=0)
+
+
+def test_gpt2_without_tiktoken_s_cache_is_refused_before_the_world_is_made(tmp_path):
+    """An empty tiktoken cache: refused at once (nothing downloaded, no world written), one line, exit 2."""
+    out = tmp_path / "out"
+    env = dict(os.environ, TIKTOKEN_CACHE_DIR=str(tmp_path / "empty_cache"))
+    p = subprocess.run([sys.executable, "train.py", "--preset=smoke", f"--out_dir={out}", "--tokenizer=gpt2"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "--tokenizer=gpt2" in p.stderr, p.stderr
+    assert not out.exists() and not (tmp_path / "empty_cache").exists()
+
+
+def test_ablate_and_bench_refuse_an_out_dir_that_is_a_file(tmp_path, capsys):
+    import ablate, bench
+    f = tmp_path / "f"
+    f.write_text("x")
+    assert "is a file" in refused_here(ablate.main, ["--preset=smoke", "--seeds=1", f"--out_dir={f}"], capsys)
+    assert "cannot be made" in refused_here(ablate.main, ["--preset=smoke", f"--out_dir={f / 'sub'}"], capsys)
+    assert "is a file" in refused_here(bench.main, [f"--out_dir={f}", "--repeats=1"], capsys)
+    assert "cannot be made" in refused_here(bench.main, [f"--out_dir={f / 'sub'}", "--repeats=1"], capsys)
+    assert f.read_text() == "x" and os.listdir(tmp_path) == ["f"]
+
+
+def test_an_fp16_reference_under_bf16_autocast_runs_ppo(run, tmp_path):
+    """--ref=fp16 --dtype=bf16: the PPO stage as train.py runs it (inside bf16 autocast). The fp16 copy computes in
+    fp16 (no mixed-dtype LayerNorm); its step-0 KL is small but not 0, and the final KL (to the full ref.pt weights,
+    run under the same bf16 autocast as the actor) is finite."""
+    from model import autocast
+    cfg = train.parse(["--preset=smoke", f"--out_dir={run}", "--dtype=bf16", "--ref=fp16", "--ppo_iters=1"])
+    stages.seed_everything(cfg.run.seed)
+    with autocast(cfg.run.device, cfg.run.dtype):
+        s = stages.run_ppo(cfg, run, str(tmp_path), stages.stamp(cfg, stages.BY_NAME["ppo"]), log=lambda s: None)
+    assert 0 < s["ref"]["kl_step0"] < 0.1 and math.isfinite(s["final"]["kl"]) and s["reference_unchanged"]
+
+
+def test_a_half_precision_reference_computes_in_its_own_precision_under_bf16_autocast():
+    """Reference.logits (what PPO, the evaluation and the inspect page call) of an fp16 or bf16 copy inside bf16
+    autocast (--dtype=bf16) gives the numbers the same copy gives outside it (--dtype=fp32), bit for bit."""
+    from model import GPT, GPTConfig, autocast, pad_left
+    from ref import RefConfig, make_reference
+    torch.manual_seed(0)
+    m = GPT(GPTConfig(block_size=24, vocab_size=50, n_layer=2, n_head=2, n_embd=32)).eval()
+    q, qm = pad_left([[1, 2, 3], [4]], 0)                                 # left-padded, different lengths
+    resp = torch.tensor([[5, 6, 7], [8, 9, 0]])
+    for kind in ("fp16", "bf16"):
+        _, ref = make_reference(m, copy.deepcopy(m), RefConfig(ref=kind))
+        plain = ref.logits(q, qm, resp, 0.7)                              # (2, 3, 50)
+        with autocast("cpu", "bf16"):
+            inside = ref.logits(q, qm, resp, 0.7)
+        assert torch.equal(inside, plain) and inside.dtype == torch.float32, kind
