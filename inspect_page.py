@@ -13,6 +13,8 @@ Named inspect_page.py, not inspect.py: a top-level inspect.py would shadow Pytho
 When the actor's folder holds the critic and ppo.json that PPO wrote beside it, each of the actor's tokens also
 shows its advantage: ppo.make_experience run on that one response with the final critic and the final β under the
 run's own KL and PPO settings (GAE before whitening; the penalty to the frozen reference, also for a moving one).
+An actor trained from another pretrain.pt, ref.pt or reward.pt than out_dir's holds (its PPO record says which:
+stages.json, or the ppo.json beside it) is refused: its page would set it against models it never saw.
 Left out: advantages for the pretrained model's tokens (the critic judges the actor's policy), interactive plots.
 """
 from dataclasses import dataclass, replace
@@ -125,12 +127,32 @@ def ppo_critic(cfg, folder, rm):
     return critic, rm, record["kl_coef_final"], ran(cfg.kl), ran(cfg.ppo)
 
 
+def made_from(out, actor_path):
+    """{file: hash} of out_dir's models the actor was trained from, as its PPO run recorded them: stages.json's ppo
+    record for out_dir's own actor.pt (which also vouches for the actor itself), else the ppo.json that PPO wrote
+    beside it (ablate.py's runs); None when neither says."""
+    record = store.load_records(out).get("ppo")
+    if os.path.abspath(actor_path) == os.path.abspath(os.path.join(out, "actor.pt")) and record:
+        if record["outputs"].get("actor.pt") != store.file_hash(actor_path):
+            raise RunError(f"{actor_path} is not the actor the ppo stage made: redo it with --stage=ppo")
+        return record["inputs"]
+    beside = os.path.join(os.path.dirname(actor_path), "ppo.json")
+    return store.load_json(beside)["stamp"]["inputs"] if os.path.exists(beside) else None
+
+
 def stage_inspect(cfg, stamp):
     run, n = cfg.run, cfg.inspect.inspect_n
     out = run.out_dir
     actor_path = cfg.inspect.inspect_actor or os.path.join(out, "actor.pt")
     if not os.path.exists(actor_path):
         raise RunError(f"--inspect_actor={actor_path} does not exist")
+    inputs = made_from(out, actor_path)
+    for name in ("pretrain.pt", "ref.pt", "reward.pt"):          # the page sets the actor against each of them
+        if inputs is not None and inputs.get(name) != store.file_hash(os.path.join(out, name)):
+            raise RunError(f"{actor_path} was trained from another {name} than the one in {out} (it has changed "
+                           "since): its KL and advantages would be to models it never saw; redo its PPO run")
+    if inputs is None:
+        print(f"inspect: no record says what {actor_path} was trained from; shown against {out}'s models")
     enc = tokenizer.load_tokenizer(out, cfg.world.tokenizer)
     pre, _ = load_checkpoint(os.path.join(out, "pretrain.pt"), run.device)
     ref = Reference(load_checkpoint(os.path.join(out, "ref.pt"), run.device)[0])

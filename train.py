@@ -80,11 +80,16 @@ def run_stages(cfg, upto=None):
         for n in [n for st in STAGES for n in st.outputs + [st.partial] if n] + ["stages.json", "timings.json"]:
             store.remove(path(cfg, n))
     records = store.load_records(out)
-    if cfg.run.stage in ("sample", "inspect"):                  # read-only stages: nothing recorded
+    read_only = cfg.run.stage in ("sample", "inspect")          # nothing recorded; config.json left as it is
+    if read_only:
         st = BY_NAME[cfg.run.stage]
         missing = [n for n in files(cfg, st.inputs) if not os.path.exists(path(cfg, n))]
         if missing:
             raise RunError(f"stage {st.name} needs {', '.join(missing)} in {out}: run the stages before it first")
+        made = records.get("world", {}).get("config", {}).get("tokenizer", cfg.world.tokenizer)
+        if made != cfg.world.tokenizer:                         # its other flags only say how to sample
+            raise RunError(f"the world in {out} was made with --tokenizer={made}, now --tokenizer="
+                           f"{cfg.world.tokenizer}: stage {st.name} reads that world's tokens")
         todo, kept = [st], []
     else:
         stages = STAGES[:[s.name for s in STAGES].index(upto) + 1] if upto else STAGES
@@ -93,7 +98,8 @@ def run_stages(cfg, upto=None):
         print(f"---- stage {name}: done with this config, kept ----")
     if not todo or todo[0].name != "world":
         world_ok(cfg, corpus=todo not in ([SAMPLE], [INSPECT]))
-    store.save_json(path(cfg, "config.json"), {g: dataclasses.asdict(c) for g, c in vars(cfg).items()})
+    if not read_only:                                           # the config the recorded stages were made with
+        store.save_json(path(cfg, "config.json"), {g: dataclasses.asdict(c) for g, c in vars(cfg).items()})
     timings = store.load_json(path(cfg, "timings.json")) if os.path.exists(path(cfg, "timings.json")) else {}
     dist.broadcast_object([st.name for st in todo])      # torchrun: the plan, to the other ranks
     for st in todo:

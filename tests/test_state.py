@@ -200,3 +200,55 @@ def test_killed_twice_and_rerun_ends_as_if_never_interrupted(run, tmp_path):
     p = subprocess.run([sys.executable, "train.py", *argv], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0 and "ppo: resuming" in p.stdout and "stage pretrain: done" in p.stdout
     assert numbers(str(tmp_path)) == numbers(run)
+
+
+# ---- read-only stages: state stays true ----
+def test_sample_and_inspect_leave_config_json_and_the_records_alone(run, tmp_path):
+    """Their flags say how to sample, not what the run is: a --n_layer=3 sample of the 2-layer actor changes no
+    file (config.json still says 2); inspect writes inspect.html and nothing else."""
+    out = copy_run(run, tmp_path)
+    store.remove(os.path.join(out, "inspect.html"))                     # test_inspect.py may have made one
+    before = hashes(out)
+    train.main(SMOKE + [f"--out_dir={out}", "--stage=sample", "--n_layer=3", "--temperature=0.7"])
+    assert hashes(out) == before
+    train.main(SMOKE + [f"--out_dir={out}", "--stage=inspect", "--n_layer=3", "--inspect_n=1"])
+    after = hashes(out)
+    assert after.pop(os.path.join(out, "inspect.html")) and after == before
+    assert store.load_json(os.path.join(out, "config.json"))["gpt"]["n_layer"] == 2
+
+
+def test_read_only_stages_refuse_another_tokenizer_than_the_world_s(run, tmp_path, capsys, monkeypatch):
+    import tokenizer
+    monkeypatch.setattr(tokenizer, "gpt2_missing", lambda: None)        # as where tiktoken's gpt2 is cached
+    out = copy_run(run, tmp_path)
+    before = hashes(out)
+    for stage in ("sample", "inspect"):
+        err = refused(SMOKE + [f"--out_dir={out}", f"--stage={stage}", "--tokenizer=gpt2"], capsys)
+        assert "--tokenizer=bpe, now --tokenizer=gpt2" in err
+    assert hashes(out) == before
+
+
+@pytest.mark.parametrize("changed", ["pretrain.pt", "ref.pt", "reward.pt"])
+def test_inspect_refuses_an_actor_trained_from_other_models(run, tmp_path, capsys, changed):
+    """out_dir's own actor (stages.json's ppo record) and one in another folder (the ppo.json PPO wrote beside it,
+    as ablate.py's runs have) are both refused once a model they were trained from has changed."""
+    out = copy_run(run, tmp_path)
+    other = tmp_path / "other"
+    other.mkdir()
+    for n in ("actor.pt", "critic.pt", "ppo.json"):
+        shutil.copy(os.path.join(out, n), other / n)
+    src = "critic.pt" if changed == "reward.pt" else "actor.pt"           # another model of the same kind
+    shutil.copy(os.path.join(out, src), os.path.join(out, changed))
+    before = hashes(str(tmp_path))
+    for extra in ([], [f"--inspect_actor={other / 'actor.pt'}"]):
+        err = refused(SMOKE + [f"--out_dir={out}", "--stage=inspect", *extra], capsys)
+        assert f"another {changed}" in err
+    assert hashes(str(tmp_path)) == before
+
+
+def test_inspect_refuses_an_actor_the_ppo_stage_did_not_make(run, tmp_path, capsys):
+    out = copy_run(run, tmp_path)
+    store.remove(os.path.join(out, "inspect.html"))                     # test_inspect.py may have made one
+    shutil.copy(os.path.join(out, "pretrain.pt"), os.path.join(out, "actor.pt"))   # copied in by hand
+    assert "not the actor the ppo stage made" in refused(SMOKE + [f"--out_dir={out}", "--stage=inspect"], capsys)
+    assert not os.path.exists(os.path.join(out, "inspect.html"))
