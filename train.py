@@ -148,7 +148,7 @@ def main(argv):
         with store.Lock(cfg.run.out_dir):
             return run_stages(cfg)
     except RunError as e:
-        die(str(e), e.code) if dist.is_main() else sys.exit(e.code)     # torchrun: one line, from rank 0
+        die(str(e), e.code)                              # torchrun: one line, from rank 0 (errors.die)
     except KeyboardInterrupt:
         die("interrupted; what was saved is kept, and the same command goes on from there", 130)
     finally:

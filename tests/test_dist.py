@@ -197,6 +197,30 @@ def test_a_batch_that_the_processes_cannot_share_is_refused(monkeypatch, capsys)
     assert e.value.code == 2 and "is not divisible by the 3 processes" in capsys.readouterr().err
 
 
+def test_torchrun_with_a_bad_flag_prints_one_line_from_rank_0(tmp_path):
+    """Both ranks refuse the flag; rank 0 alone says so, and it is the root cause torchrun reports (exit code 2).
+    What follows the line is torchrun's own (its log lines, traceback and failure summary)."""
+    out = tmp_path / "out"
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={N}",
+                        "train.py", "--preset=smoke", f"--out_dir={out}", "--seed=-1"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    lines = [line for line in p.stderr.splitlines() if line.startswith("error:")]
+    assert p.returncode != 0 and len(lines) == 1 and "--seed" in lines[0], p.stderr
+    root = p.stderr.split("Root Cause")[1]
+    assert "rank      : 0" in root and "exitcode  : 2" in root and not out.exists()
+
+
+def test_a_rank_other_than_0_waits_silent_then_speaks_if_rank_0_does_not_stop(monkeypatch, capsys):
+    import errors
+    waits = []
+    monkeypatch.setattr(errors.time, "sleep", waits.append)             # rank 0 never stopped it
+    monkeypatch.setenv("RANK", "1")
+    with pytest.raises(SystemExit) as e:
+        errors.die("only this rank", 2)
+    assert waits == [errors.RANK0_GRACE] and e.value.code == 2
+    assert capsys.readouterr().err == "error: only this rank\n"
+
+
 def test_a_checkpoint_saved_by_another_number_of_processes_is_refused():
     with pytest.raises(RunError, match="ppo_state.pt was saved by 2 process"):
         dist.mine([{}, {}], "ppo_state.pt")                             # 1 process here, 2 random states saved
