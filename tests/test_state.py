@@ -1,6 +1,6 @@
 """State that cannot go stale or be lost: stage records, the lock, atomic writes, kill and resume, bad input.
 Each probe works on a copy of the smoke run (the `run` fixture), through train.main as `python train.py` runs it."""
-import os, shutil, signal, subprocess, sys, threading, time
+import os, shutil, signal, subprocess, sys, threading
 import pytest
 import torch
 import stages, store, train
@@ -142,31 +142,61 @@ def test_no_nan_reaches_a_checkpoint(tmp_path):
     assert not os.listdir(tmp_path)
 
 
+class _CtrlCOnWrite:
+    """The file _atomic opens, with one change: its `at`-th write() sends this process SIGINT, then goes on, so the
+    interrupt lands inside torch.save's writer on every machine, however loaded (a timer's would not)."""
+
+    def __init__(self, f, at):
+        self.f, self.at, self.calls, self.sent = f, at, 0, None
+
+    def write(self, data):
+        if self.calls == self.at:
+            self.sent = self.calls
+            os.kill(os.getpid(), signal.SIGINT)         # the default handler raises here, inside torch's writer
+        self.calls += 1
+        return self.f.write(data)
+
+    def __getattr__(self, name):                        # flush, fileno, close: the real file's
+        return getattr(self.f, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return self.f.__exit__(*exc)
+
+
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
-def test_ctrl_c_during_a_checkpoint_write_is_an_interrupt_and_the_file_is_whole(tmp_path):
-    """torch.save interrupted mid-write raises RuntimeError from its C++ writer: save_torch must hold Ctrl-C."""
-    target, last, held = tmp_path / "ckpt.pt", None, 0
-    for k in range(60):                                  # later and later, until Ctrl-C has landed in 3 writes
-        obj = dict(k=torch.tensor(k), w=[torch.randn(256, 256) for _ in range(100)])     # 26 MB: a write takes ms
-        timer = threading.Timer(0.002 * (k + 1), os.kill, (os.getpid(), signal.SIGINT))
-        try:
-            timer.start()
-            try:
-                store.save_torch(obj, target)
-                last = k
-            except KeyboardInterrupt:                   # before the write (old file) or in it (held: new file)
-                saved = torch.load(target, weights_only=True) if last is not None or os.path.exists(target) else None
-                assert saved is None or int(saved["k"]) in (last, k)
-                if saved is not None and int(saved["k"]) == k:
-                    assert torch.equal(saved["w"][-1], obj["w"][-1])
-                    last, held = k, held + 1
-            timer.join()
-            time.sleep(0.05)                             # Ctrl-C after the save lands here
-        except KeyboardInterrupt:
-            pass
-        if held == 3:
-            break
-    assert held == 3
+@pytest.mark.parametrize("where", ["first", "middle", "last"])
+def test_ctrl_c_during_a_checkpoint_write_is_an_interrupt_and_the_file_is_whole(tmp_path, monkeypatch, where):
+    """Without the hold, Ctrl-C in torch.save's first write raises KeyboardInterrupt and keeps the old file, in a
+    middle one raises RuntimeError from its C++ writer ("unexpected pos"), in the last ones is lost. save_torch must
+    hold it until the new file is whole, then raise KeyboardInterrupt."""
+    assert threading.current_thread() is threading.main_thread()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler   # what `python train.py` runs with
+    target, files = tmp_path / "ckpt.pt", []
+
+    def opener(at):
+        def fake_open(path, mode):
+            files.append(_CtrlCOnWrite(open(path, mode), at))
+            return files[-1]
+        return fake_open
+
+    obj = lambda k: dict(k=torch.tensor(k), w=[torch.randn(64, 64, generator=torch.Generator().manual_seed(k))
+                                               for _ in range(20)])
+    monkeypatch.setattr(store, "open", opener(None), raising=False)     # count the writes of one save
+    store.save_torch(obj(0), target)
+    n = files[-1].calls
+    assert n >= 3
+    at = dict(first=0, middle=n // 2, last=n - 1)[where]
+    monkeypatch.setattr(store, "open", opener(at), raising=False)
+    with pytest.raises(KeyboardInterrupt):
+        store.save_torch(obj(1), target)
+    assert files[-1].sent == at and files[-1].calls == n               # the signal landed mid-save; the save went on
+    saved = torch.load(target, weights_only=True)                       # the new file, whole
+    assert int(saved["k"]) == 1 and all(torch.equal(a, b) for a, b in zip(saved["w"], obj(1)["w"], strict=True))
+    assert os.listdir(tmp_path) == ["ckpt.pt"]                          # no temporary left behind
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler   # the handler is given back
 
 
 def test_a_diverging_run_stops_with_one_line(run, tmp_path, capsys):
