@@ -76,7 +76,13 @@ def kl_seq_mean(logp, logp_ref, mask):
 
 def per_token_kl(name, logp, logp_ref, logits=None, logits_ref=None, mask=None):
     """The configured estimator on response tokens (B, R); `full` needs the logits, `seq_mean` the mask (B, R).
-    Differentiable in every input, so the same function serves the detached reward and the loss form."""
+    Differentiable in every input, so the same function serves the detached reward and the loss form. With a mask,
+    the inputs after end-of-text are zeroed *before* the estimator (kl 0 there): what the models say about padding
+    can be anything, and k3's exp(log π_ref - log π) overflows beyond 88 nats, whose inf·0 is a NaN gradient."""
+    if mask is not None:
+        logp, logp_ref = torch.where(mask, logp, 0.0), torch.where(mask, logp_ref, 0.0)
+        if name == "full":
+            logits, logits_ref = (torch.where(mask[..., None], x, 0.0) for x in (logits, logits_ref))    # (B, R, V)
     if name == "full":
         return kl_full(logits, logits_ref)
     if name == "seq_mean":
