@@ -7,10 +7,12 @@ Per response token t, with logp = log π_θ(y_t|s_t) and logp_ref = log π_ref(y
     full = Σ_v π_θ(v|s_t) (log π_θ(v|s_t) - log π_ref(v|s_t))   exact, from both softmax distributions
     seq_mean = k1 / L                       the common mistake: summed over the L response tokens it is the *mean*
                                             log-ratio, a length-normalised "sequence KL" (kept to measure it)
-The actor pays -β·kl_t at every response token (`shaped_rewards`). Unbiased *values* are not unbiased *gradients*:
-as a detached reward only k1 gives the policy gradient of the sequence KL (k3 and full do not; README, claim 4).
-As a loss, k2 and full give only each position's own KL gradient, missing how a token changes the later positions;
-k3 as a loss is the forward KL's gradient, k1 as a loss has expectation 0 (tests/test_estimators.py, by enumeration).
+The actor pays -β·kl_t at every response token (`shaped_rewards`). Unbiased *values* are not unbiased *gradients*.
+Proved by enumeration (tests/test_estimators.py), for the on-policy gradient (ratio 1) with γ = 1, and either λ = 1
+with any values of the state alone, or any λ with the exact values V^π: of the single placements only k1 as a
+detached reward is the sequence KL's gradient. As a loss, k2 and full give each position's own KL gradient only
+(missing how a token changes the later positions), k3 the forward KL's, k1 zero. Paid both ways (not a flag here),
+exact too: full as a loss or k2 as a loss + full as a reward, k3 as a loss + k3 as a reward, k1 + k1. γ < 1: none.
 β comes from a controller with `value` and `update(kl, n)`, where kl is the batch mean of per-sequence summed KL
 and n the number of sequences.
 Left out: KL in the other direction, entropy bonuses (ppo.py has ent_coef), per-token adaptive β.
