@@ -39,7 +39,7 @@ class RefConfig:
     lora_rank: int = arg(8, ">0", "lora: rank of each adapter")
     lora_alpha: float = arg(16.0, ">0", "lora: adapters scaled by lora_alpha / lora_rank")
     kl_max: float = arg(0.0, ">=0", "rollback when a rollout's exact KL to the reference exceeds this "
-                        "(nats/sequence; 0 = off)")
+                        "(nats/sequence; 0 = off; a first rollout above it stops the run, exit 2)")
     rollback_beta_factor: float = arg(2.0, ">0", "β is multiplied by this at each rollback")
     rollback_max_in_row: int = arg(5, ">0", "stop the run after this many rollbacks in a row to one state (more β "
                                    "cannot hold an update whose own step leaves kl_max)")

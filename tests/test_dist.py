@@ -1,7 +1,9 @@
 """Data parallelism on the CPU (gloo, 2 processes) against one process on the union of the ranks' data: a
 pretraining step and a PPO iteration (make_experience + ppo_update) end with the same parameters, whitening uses the
-statistics of the union; train_ppo feeds both ranks' β controllers the KL over both; `torchrun --nproc_per_node=2
-train.py` writes what `python train.py` writes. Also the gpu preset: its config passes the checks and its model runs forward and backward in bf16 (a reduced batch, on the CPU)."""
+statistics of the union; train_ppo feeds both ranks' β controllers the KL over both and each rank draws its own
+share of ptx windows (resumed exactly); `torchrun --nproc_per_node=2 train.py` writes what `python train.py` writes.
+Also the gpu preset: its config passes the checks and its model runs forward and backward in bf16 (a reduced batch,
+on the CPU)."""
 import copy, os, socket, subprocess, sys
 import pytest
 import torch

@@ -6,7 +6,8 @@ vector per prefix (a tabular policy). The reference is another such table. The q
 the sequence-level KL(π_θ‖π_ref) = Σ_y π(y) log π(y)/π_ref(y); its gradient by autograd is the truth.
 The per-token penalties go through the functions PPO runs: kl.per_token_kl on model.token_logprobs, the reward form
 through kl.shaped_rewards and ppo.compute_gae (values 0, λ = 1: the advantages are the returns), the loss form
-summed over the response as ppo_update sums it.
+summed over the response as ppo_update sums it. Then what is proved for which γ, λ and values (the exact values
+V^π by enumeration), and which loss + reward pairs are exact.
 """
 import itertools
 import pytest

@@ -1,7 +1,8 @@
 """Cheap references and the KL rollback (ref.py), through the code the PPO stage runs: quantization error bounds
 per block, quantized and half-precision logits against the full reference's, the LoRA reference bit-identical to
 the pretrained model before and after PPO, shared blocks that never move, bytes by hand, and the rollback restoring
-the last good state bit for bit, also across a resume."""
+the last good state bit for bit, also across a resume; on tiny models through train_ppo: the moving anchor restored
+with the actor, the undone rollout's KL logged, a spin stopped after rollback_max_in_row, a first rollout above."""
 import copy, os, statistics
 import pytest
 import torch
