@@ -110,6 +110,10 @@ def plot_metrics(rows, png):
     a.plot(it, [r["objective/gold"] for r in rows], label="gold (simulated human)")
     a.set_xlabel("PPO iteration"); a.set_ylabel("score"); a.legend()
     b.plot(it, [r["objective/kl"] for r in rows], color="C3")
+    undone = [(r["iter"], r["policy/kl_before_rollback"]) for p, r in zip([{}] + rows, rows)
+              if r.get("policy/rollbacks", 0) > p.get("policy/rollbacks", 0)]      # --kl_max: rollouts undone
+    if undone:
+        b.scatter(*zip(*undone), color="C1", marker="x", label="rollout above --kl_max (undone)"); b.legend()
     b.set_xlabel("PPO iteration"); b.set_ylabel("KL(actor ‖ reference), nats/sequence")
     fig.tight_layout()
     tmp = png + ".tmp.png"                                  # written whole, then renamed: never a torn file

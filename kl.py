@@ -7,10 +7,12 @@ Per response token t, with logp = log π_θ(y_t|s_t) and logp_ref = log π_ref(y
     full = Σ_v π_θ(v|s_t) (log π_θ(v|s_t) - log π_ref(v|s_t))   exact, from both softmax distributions
     seq_mean = k1 / L                       the common mistake: summed over the L response tokens it is the *mean*
                                             log-ratio, a length-normalised "sequence KL" (kept to measure it)
-The actor pays -β·kl_t at every response token (`shaped_rewards`). Unbiased *values* are not unbiased *gradients*:
-as a detached reward only k1 gives the policy gradient of the sequence KL (k3 and full do not; README, claim 4).
-As a loss, k2 and full give only each position's own KL gradient, missing how a token changes the later positions;
-k3 as a loss is the forward KL's gradient, k1 as a loss has expectation 0 (tests/test_estimators.py, by enumeration).
+The actor pays -β·kl_t at every response token (`shaped_rewards`). Unbiased *values* are not unbiased *gradients*.
+Proved by enumeration (tests/test_estimators.py), for the on-policy gradient (ratio 1) with γ = 1, and either λ = 1
+with any values of the state alone, or any λ with the exact values V^π: of the single placements only k1 as a
+detached reward is the sequence KL's gradient. As a loss, k2 and full give each position's own KL gradient only
+(missing how a token changes the later positions), k3 the forward KL's, k1 zero. Paid both ways (not a flag here),
+exact too: full as a loss or k2 as a loss + full as a reward, k3 as a loss + k3 as a reward, k1 + k1. γ < 1: none.
 β comes from a controller with `value` and `update(kl, n)`, where kl is the batch mean of per-sequence summed KL
 and n the number of sequences.
 Left out: KL in the other direction, entropy bonuses (ppo.py has ent_coef), per-token adaptive β.
@@ -76,7 +78,13 @@ def kl_seq_mean(logp, logp_ref, mask):
 
 def per_token_kl(name, logp, logp_ref, logits=None, logits_ref=None, mask=None):
     """The configured estimator on response tokens (B, R); `full` needs the logits, `seq_mean` the mask (B, R).
-    Differentiable in every input, so the same function serves the detached reward and the loss form."""
+    Differentiable in every input, so the same function serves the detached reward and the loss form. With a mask,
+    the inputs after end-of-text are zeroed *before* the estimator (kl 0 there): what the models say about padding
+    can be anything, and k3's exp(log π_ref - log π) overflows beyond 88 nats, whose inf·0 is a NaN gradient."""
+    if mask is not None:
+        logp, logp_ref = torch.where(mask, logp, 0.0), torch.where(mask, logp_ref, 0.0)
+        if name == "full":
+            logits, logits_ref = (torch.where(mask[..., None], x, 0.0) for x in (logits, logits_ref))    # (B, R, V)
     if name == "full":
         return kl_full(logits, logits_ref)
     if name == "seq_mean":

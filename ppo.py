@@ -16,11 +16,14 @@ One iteration (find `# ---- ppo loop ----`), as in lm-human-preferences and TRL:
                 N iterations, on a copy) or reset (the copy <- π_θ every N iterations); saved in ppo_state.pt
     ptx         --ptx_coef > 0 adds ptx_coef x the language-model loss on pretraining windows (train.bin) to the
                 actor's loss, as InstructGPT's PPO-ptx does: a second anchor, to the data
+    rollback    --kl_max (ref.py): a first rollout above it brings back the last state under it, β raised, and is
+                redone; its KL is logged as policy/kl_before_rollback
     log, save   one metrics dict and log line per iteration; a resumable state every save_interval iterations
 Shapes: B batch, Tp prompt tokens (left-padded), R response tokens, V vocabulary; mask (B, R) is true up to and
 including end-of-text. Names follow lm-human-preferences and TRL: lastgaelam, vpredclipped, pg_losses, whiten.
 Under torchrun (dist.py) each rank samples its share of rollout_batch and trains on minibatches of its share of
-minibatch_size; gradients are averaged, advantages whitened and β fed with statistics over all ranks, metrics reduced.
+minibatch_size (ptx: its share of windows, from its own stream); gradients are averaged, advantages whitened and β
+fed with statistics over all ranks, metrics reduced.
 Left out: a value head sharing the actor's trunk, reward whitening, early stopping on approx-KL.
 """
 from collections import defaultdict
@@ -203,13 +206,11 @@ def ppo_update(actor, critic, opts, guards, batch, cfg, temperature, beta=0.0, k
     return {k: sum(v) / len(v) for k, v in stats.items()}
 
 
-def pretraining_batches(cfg, gen):
-    """A function giving minibatch_size random windows (x, y) of block_size + 1 tokens from out_dir's train.bin,
-    drawn with `gen` (checkpointed with the run)."""
+def pretraining_batches(cfg, gen, n):
+    """A function giving n random windows (x, y) of block_size + 1 tokens from out_dir's train.bin, drawn with
+    `gen` (checkpointed with the run). Under torchrun each rank draws its own n = minibatch_size / world."""
     d = np.memmap(os.path.join(cfg.run.out_dir, "train.bin"), dtype=np.uint16, mode="r")
-    n, block = cfg.ppo.minibatch_size, cfg.gpt.block_size
-
-    return lambda: data.windows(d, n, block, gen, cfg.run.device)                        # (n, T), (n, T)
+    return lambda: data.windows(d, n, cfg.gpt.block_size, gen, cfg.run.device)          # (n, T), (n, T)
 
 
 def make_optimizers(actor, critic, cfg):
@@ -232,10 +233,10 @@ def train_ppo(actor, critic, ref, rm, enc, prompts, cfg, run_dir, stamp, log=pri
     guards = (StepGuard("PPO (actor)"), StepGuard("PPO (critic)"))
     kl_ctl = make_kl_controller(kc, pc.ppo_iters * pc.rollout_batch)
     pen_ref = ref                       # the penalty's reference: ref until rolling, sync or reset replaces it
-    rollback = Rollback(cfg.ref.rollback_beta_factor) if cfg.ref.kl_max else None    # --kl_max: the last good state
+    rollback = Rollback(cfg.ref) if cfg.ref.kl_max else None          # --kl_max: the last good state
     prompt_gen = torch.Generator().manual_seed(run.seed)
-    ptx_gen = torch.Generator().manual_seed(run.seed + 7)           # its own stream: ptx_coef=0 changes nothing
-    ptx_batch = pretraining_batches(cfg, ptx_gen) if pc.ptx_coef > 0 else None
+    ptx_gen = torch.Generator().manual_seed(run.seed + 7 + 1000003 * rank)   # own stream (ptx_coef=0 changes
+    ptx_batch = pretraining_batches(cfg, ptx_gen, local.minibatch_size) if pc.ptx_coef > 0 else None   # nothing)
     metrics, start = [], 0
     dist.seed_rank(run.seed)                                   # torchrun: each rank its own sampling noise
     state_path, metrics_path = os.path.join(run_dir, "ppo_state.pt"), os.path.join(run_dir, "metrics.jsonl")
@@ -253,8 +254,8 @@ def train_ppo(actor, critic, ref, rm, enc, prompts, cfg, run_dir, stamp, log=pri
                 pen_ref.model.load_state_dict(s["pen_ref"])
             if rollback is not None:
                 rollback.load_state_dict(s["rollback"])
-            prompt_gen.set_state(s["prompt_gen"]); ptx_gen.set_state(s["ptx_gen"])
-            set_rng_states(dist.mine(s["rng"], state_path))          # torchrun: this rank's own streams
+            prompt_gen.set_state(s["prompt_gen"])
+            set_rng_states(rng := dist.mine(s["rng"], state_path)); ptx_gen.set_state(rng["ptx"])  # this rank's
             metrics, start = s["metrics"], s["iter"]
             log(f"ppo: resuming from {state_path} after iteration {start}")
         else:
@@ -275,17 +276,16 @@ def train_ppo(actor, critic, ref, rm, enc, prompts, cfg, run_dir, stamp, log=pri
             return resp, kl_ctl.value, *make_experience(actor, critic, ref, pen_ref, rm, q, qm, resp, eos,
                                                         kl_ctl.value, kc, pc, run.temperature)
         resp, beta, batch, info = rollout()
-        if rollback is not None:          # --kl_max: above it, back to the last state under it, β up, rollout redone
-            kl_now = dist.all_reduce(info["kl_exact"].mean().item(), "mean")      # torchrun: one decision for all
-            if kl_now > cfg.ref.kl_max and rollback.state is not None:
-                rollback.restore(actor, critic, opts, kl_ctl)
-                resp, beta, batch, info = rollout()
-                kl_now = dist.all_reduce(info["kl_exact"].mean().item(), "mean")
-            if kl_now <= cfg.ref.kl_max:
-                rollback.keep(actor, critic, opts, kl_ctl)         # under the limit: the state to come back to
         if it == 0 and ref.exact and dist.all_reduce(info["kl_exact"].abs().max(), "max") > 1e-6:
             raise RunError(f"the first rollout is {info['kl_exact'].max().item():.3g} nats from the reference, not 0: "
                            "the actor does not start as the reference (a stale ref.pt?); redo with --fresh")
+        kl_first = info["kl_exact"].mean().item()                 # the rollout --kl_max judges (logged, even if redone)
+        moving = lambda: None if pen_ref is ref else pen_ref      # a moving anchor is rolled back with the actor
+        if rollback and rollback.above(dist.all_reduce(kl_first, "mean")):     # torchrun: one decision for all
+            pen_ref = rollback.restore(actor, critic, opts, kl_ctl, moving()) or ref    # last state under, β up
+            resp, beta, batch, info = rollout()                                          # and the rollout redone
+        if rollback and dist.all_reduce(info["kl_exact"].mean().item(), "mean") <= cfg.ref.kl_max:
+            rollback.keep(actor, critic, opts, kl_ctl, moving())         # under the limit: the state to come back to
         snapshot = Reference(actor) if kc.ref_update == "rolling" else None     # this iteration's policy, frozen
         # 3. update
         stats = ppo_update(actor, critic, opts, guards, batch, local, run.temperature, beta, kc, ptx_batch)
@@ -312,7 +312,7 @@ def train_ppo(actor, critic, ref, rm, enc, prompts, cfg, run_dir, stamp, log=pri
                "policy/clipfrac_avg": stats["clipfrac"], "policy/approxkl_avg": stats["approxkl"],
                "policy/ratio_dev_first": stats["ratio_dev_first"],
                "policy/skipped_updates": guards[0].skipped + guards[1].skipped,
-               "policy/rollbacks": rollback.count if rollback else 0,
+               "policy/rollbacks": rollback.count if rollback else 0, "policy/kl_before_rollback": kl_first,
                "loss/policy_avg": stats["pg_loss"], "loss/value_avg": stats["vf_loss"], "loss/kl_avg": stats["kl_loss"],
                "loss/ptx_avg": stats["ptx_loss"],
                "val/clipfrac_avg": stats["vf_clipfrac"], "val/ratio": stats["ratio"],
@@ -331,12 +331,12 @@ def train_ppo(actor, critic, ref, rm, enc, prompts, cfg, run_dir, stamp, log=pri
             f"vf {row['loss/value_avg']:.3f} | len {row['val/response_length']:.1f} | "
             f"{row['time/tokens_per_second']:.0f} tok/s | eta {int(eta // 60)}m{int(eta % 60):02d}s")
         if (it + 1) % pc.save_interval == 0 or it + 1 == pc.ppo_iters:
-            rng = dist.gather_objects(rng_states())            # torchrun: every rank's streams
+            rng = dist.gather_objects(dict(rng_states(), ptx=ptx_gen.get_state()))     # torchrun: every rank's
             if dist.is_main():
                 store.save_torch(dict(stamp=stamp, iter=it + 1, actor=actor.state_dict(), critic=critic.state_dict(),
                                       opts=[o.state_dict() for o in opts], skipped=[g.skipped for g in guards],
                                       kl_ctl=asdict(kl_ctl), prompt_gen=prompt_gen.get_state(),
-                                      ptx_gen=ptx_gen.get_state(), rng=rng,
+                                      rng=rng,
                                       pen_ref=None if pen_ref is ref else pen_ref.model.state_dict(),
                                       rollback=rollback.state_dict() if rollback else None,
                                       metrics=metrics), state_path)
