@@ -203,6 +203,9 @@ def check(cfg):
     import ref                                              # its field's values need the model's depth
     if ref.check(cfg):
         die(ref.check(cfg))
+    import grpo, kl                                         # their fields' combinations (the driver will call these)
+    for msg in filter(None, (kl.check(cfg), grpo.check(cfg))):
+        die(msg)
     if run.device == "cuda" and not torch.cuda.is_available():
         die("--device=cuda but torch sees no CUDA device here (use --device=cpu or auto)")
     run.device = run.device if run.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"

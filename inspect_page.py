@@ -13,6 +13,8 @@ Named inspect_page.py, not inspect.py: a top-level inspect.py would shadow Pytho
 When the actor's folder holds the critic and ppo.json that PPO wrote beside it, each of the actor's tokens also
 shows its advantage: ppo.make_experience run on that one response with the final critic and the final β under the
 run's own KL and PPO settings (GAE before whitening; the penalty to the frozen reference, also for a moving one).
+A critic-free run (--advantage=grpo or rloo) leaves no critic.pt: its page has an empty advantage column (a group
+advantage would need the prompt's other samples, which the page does not draw).
 Left out: advantages for the pretrained model's tokens (the critic judges the actor's policy), interactive plots.
 """
 from dataclasses import dataclass, replace

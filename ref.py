@@ -279,12 +279,15 @@ class Rollback:
         self.factor, self.state, self.count = factor, None, 0
 
     def keep(self, actor, critic, opts, kl_ctl):
-        self.state = dict(actor=trainable_state(actor), critic={k: v.clone() for k, v in critic.state_dict().items()},
+        self.state = dict(actor=trainable_state(actor),                  # critic None: --advantage=grpo or rloo
+                          critic=None if critic is None else {k: v.clone() for k, v in critic.state_dict().items()},
                           opts=[copy.deepcopy(o.state_dict()) for o in opts], kl_ctl=asdict(kl_ctl))
 
     def restore(self, actor, critic, opts, kl_ctl):
         s = self.state
-        load_trainable(actor, s["actor"]); critic.load_state_dict(s["critic"])
+        load_trainable(actor, s["actor"])
+        if critic is not None:
+            critic.load_state_dict(s["critic"])
         for o, sd in zip(opts, s["opts"]):
             o.load_state_dict(copy.deepcopy(sd))       # a copy: the optimizer would update the snapshot in place
         kl_ctl.__dict__.update(s["kl_ctl"])
