@@ -165,8 +165,10 @@ def plot_bestofk(curves, png):
     for name, c in curves.items():
         a.plot(c["k"], c["best"], marker="o", label=name)
         b.plot(c["k"], c["pass_at"], marker="o", label=name)
+    b.set_ylim(0, 1)
     for ax, label in ((a, "expected best gold of k"), (b, f"pass@k (well-formed, gold > {c['pass_gold']})")):
-        ax.set_xscale("log", base=2); ax.set_xlabel("k (samples per prompt)"); ax.set_ylabel(label); ax.legend()
+        ax.set_xscale("log", base=2); ax.set_xticks(c["k"], [str(k) for k in c["k"]])
+        ax.set_xlabel("k (samples per prompt)"); ax.set_ylabel(label); ax.legend()
     fig.tight_layout()
     tmp = png + ".tmp.png"                                  # written whole, then renamed: never a torn file
     fig.savefig(tmp, dpi=100); plt.close(fig)
