@@ -295,14 +295,17 @@ class Rollback:
 
     def keep(self, actor, critic, opts, kl_ctl, anchor=None):        # anchor None: the frozen π_ref
         clone = lambda sd: {k: v.clone() for k, v in sd.items()}
-        self.state = dict(actor=trainable_state(actor), critic=clone(critic.state_dict()), kl_ctl=asdict(kl_ctl),
+        self.state = dict(actor=trainable_state(actor), kl_ctl=asdict(kl_ctl),       # critic None: grpo, rloo
+                          critic=None if critic is None else clone(critic.state_dict()),
                           opts=[copy.deepcopy(o.state_dict()) for o in opts],
                           anchor=anchor and clone(anchor.model.state_dict()))
 
     def restore(self, actor, critic, opts, kl_ctl, anchor=None):
         """The kept state back into the models; returns the anchor to use (None: the frozen π_ref)."""
         s = self.state
-        load_trainable(actor, s["actor"]); critic.load_state_dict(s["critic"])
+        load_trainable(actor, s["actor"])
+        if critic is not None:
+            critic.load_state_dict(s["critic"])
         for o, sd in zip(opts, s["opts"]):
             o.load_state_dict(copy.deepcopy(sd))       # a copy: the optimizer would update the snapshot in place
         kl_ctl.__dict__.update({k: v * self.factor if k in ("value", "start", "end") else v     # linear: value

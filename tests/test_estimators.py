@@ -214,3 +214,54 @@ def test_which_loss_plus_reward_pairs_are_exact(pair):
             if loss or reward:
                 got = (loss_form(loss, theta, ref) if loss else 0) + (reward_form(reward, theta, ref) if reward else 0)
                 assert close(got, g) if (loss, reward) in EXACT else far(got, g), (loss, reward)
+
+
+# ---- the forward KL, KL(π_ref‖π_θ) at each position (kl_estimator=full_forward): which gradient is it? ----
+PREFIXES = sorted({tuple(r[:t]) for r in RESP.tolist() for t in range(RESP.size(1))})     # responses()'s rows
+STATES = [s for s in PREFIXES if EOS not in s]                      # every prefix a response token is drawn after
+
+
+def per_state(theta, ref, reach_from):
+    """Σ_s P(s) KL(π_ref(·|s)‖π_θ(·|s)) over the states themselves (no responses, no kl.py): P(s) the probability
+    that the table `reach_from` (theta: differentiated; another tensor: held fixed) reaches s."""
+    total = 0.0
+    for s in STATES:
+        reach = 1.0
+        for j in range(len(s)):
+            reach = reach * torch.softmax(reach_from[PREFIXES.index(s[:j])], -1)[s[j]]
+        p_ref, i = torch.softmax(ref[PREFIXES.index(s)], -1), PREFIXES.index(s)
+        total = total + reach * (p_ref * (p_ref.log() - torch.log_softmax(theta[i], -1))).sum()
+    return total
+
+
+def sequence_forward_kl_gradient(theta, ref):
+    """∇ KL(π_ref‖π_θ) = ∇ Σ_y π_ref(y) log π_ref(y)/π_θ(y) over whole responses, by autograd."""
+    _, _, logp, logp_ref, mask = forward(theta, ref, (RESP, MASK, IDX, N_PREFIX))
+    seq_logp, seq_logp_ref = (logp * mask).sum(1), (logp_ref * mask).sum(1)                 # (B,)
+    return torch.autograd.grad((seq_logp_ref.exp() * (seq_logp_ref - seq_logp)).sum(), theta)[0]
+
+
+def test_the_forward_kl_as_a_loss_is_its_per_state_gradient_on_the_policys_own_states(pair):
+    """full_forward as a loss = ∇_θ Σ_t E_{s_t~π_θ}[KL(π_ref(·|s_t)‖π_θ(·|s_t))] with the state distribution held
+    at π_θ's (the states the actor samples), which is k3 as a loss in expectation. It is NOT ∇KL(π_ref‖π_θ) over
+    sequences: that one is the same per-state gradient on the states π_ref reaches (checked here too)."""
+    theta, ref = pair
+    g = loss_form("full_forward", theta, ref)
+    assert g.norm() > 0.1
+    on_policy = torch.autograd.grad(per_state(theta, ref, theta.detach()), theta)[0]
+    assert close(g, on_policy)
+    assert close(loss_form("k3", theta, ref), g)                                        # same expectation
+    seq = sequence_forward_kl_gradient(theta, ref)
+    assert close(torch.autograd.grad(per_state(theta, ref, ref), theta)[0], seq)       # π_ref's states: exact
+    assert far(g, seq)
+    assert far(g, loss_form("full", theta, ref))                                        # not the reverse KL's
+
+
+def test_the_forward_kl_in_the_reward_only_steers_which_states_are_reached(pair):
+    """As a detached reward (refused by kl.check) it adds only the state-distribution part: with the loss form it
+    makes the full derivative of Σ_t E_{s_t~π_θ}[KL_fwd(s_t)], and alone it is neither that nor ∇KL(π_ref‖π_θ)."""
+    theta, ref = pair
+    both = torch.autograd.grad(per_state(theta, ref, theta), theta)[0]                  # reach differentiated too
+    r = reward_form("full_forward", theta, ref)
+    assert close(r + loss_form("full_forward", theta, ref), both)
+    assert far(r, sequence_forward_kl_gradient(theta, ref)) and far(r, both)
