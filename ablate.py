@@ -7,11 +7,16 @@
     python ablate.py --subdir=ablate_short --rollout_batch=32 --ppo_iters=40  # results into out/ablate_short/
     python ablate.py --jobs=1            # runs one after another, in this process (default: 2 processes, 1 thread each)
     python ablate.py --suite=cheap       # cheaper references and the KL rollback -> also out/ablate/results_ref.md
+    python ablate.py --fresh             # this command's runs again from the start (never the main run: train.py's)
 
 results.md gives each column's mean with a 95 % bootstrap interval over seeds, then each condition minus `adaptive`
 (or the suite's first condition) paired over seeds; an interval that holds 0 is printed "not separated".
-A run whose ppo.json was made under the same config and inputs is reused, so an interrupted ablation goes on
-where it stopped (a run killed half way resumes from its ppo_state.pt); Ctrl-C stops every worker.
+Each run folder's run.json, written last, records the config, input and output hashes the run was made with (as
+stages.json does for train.py's stages). A run whose record matches the current config and inputs, its outputs intact,
+is reused, so an interrupted ablation goes on where it stopped (a run killed half way resumes from its ppo_state.pt);
+a run with a damaged output, or no record, is done again, alone. `--fresh` redoes this command's runs from the start
+and never touches the main run (that is `python train.py --fresh`). Ctrl-C, or a kill -9 of ablate.py, stops every
+worker before it writes another file.
 
 The pretrained model, frozen reference and reward model come from the main run folder (--out_dir, built by
 train.py's stages when missing), so only PPO differs between rows. Every condition gets the same iterations,
@@ -129,19 +134,52 @@ def parse(argv):
     return opts, rest
 
 
+RECORD = "run.json"     # in each run folder, written last: config, input and output hashes, as in stages.json
+
+
+def finished(run_dir, stamp):
+    """True when run_dir holds a finished run made under `stamp` whose outputs are as the run wrote them (their hashes
+    in run_dir/run.json). A run from before run.json existed is taken once it is whole: ppo.json under this stamp,
+    no ppo_state.pt left (run_ppo's last act removes it), every output loadable; then its record is written."""
+    st, path = stages.BY_NAME["ppo"], lambda n: os.path.join(run_dir, n)
+    needed = [n for n in st.outputs if not n.endswith(".png") and n != "critic.pt"]   # optional: matplotlib's plot,
+                                                                                   # the critic (gae only)
+    try:
+        rec = store.load_json(path(RECORD)) if os.path.exists(path(RECORD)) else None
+        if rec is None and os.path.exists(path("ppo.json")) and not os.path.exists(path(st.partial)):
+            if store.load_json(path("ppo.json")).get("stamp") != stamp:
+                return False
+            store.load_json(path("metrics.jsonl"), lines=True)
+            for n in ("actor.pt", "critic.pt"):
+                if n == "actor.pt" or os.path.exists(path(n)):
+                    store.load_torch(path(n))
+            rec = dict(store.make_record(run_dir, stamp["config"], [], st.outputs), inputs=stamp["inputs"])
+            store.save_json(path(RECORD), rec)
+    except RunError:                                    # a damaged record or output: the run is done again
+        return False
+    return rec is not None and set(needed) <= set(rec["outputs"]) and store.first_difference(rec, stamp) is None \
+        and store.outputs_intact(run_dir, rec)
+
+
 def one_run(job):
     """A single PPO run in its own folder; returns its row for results.jsonl. A finished run made under the same
-    config and inputs is reused."""
+    config and inputs, its outputs intact, is reused; any other is done again (resuming from its ppo_state.pt when
+    that was made under the same config and inputs; --fresh: from the start)."""
     cond, seed, flags, base, run_dir, threads = job
     if threads:
         torch.set_num_threads(threads)
     cfg = train.parse(flags + [f"--seed={seed}", f"--out_dir={base}"])
-    stamp = stages.stamp(cfg, stages.BY_NAME["ppo"])
-    done = os.path.join(run_dir, "ppo.json")
-    s = store.load_json(done) if os.path.exists(done) else None
-    if s is None or s.get("stamp") != stamp:
+    st = stages.BY_NAME["ppo"]
+    stamp = stages.stamp(cfg, st)
+    if cfg.run.fresh or not finished(run_dir, stamp):
+        stray = [n for n in os.listdir(run_dir) if ".tmp" in n] if os.path.isdir(run_dir) else []   # a kill mid-write
+        for n in [RECORD] + st.outputs + stray + ([st.partial] if cfg.run.fresh else []):   # the record goes first
+            store.remove(os.path.join(run_dir, n))
         stages.seed_everything(seed)
-        s = stages.run_ppo(cfg, base, run_dir, stamp, log=lambda line: None)
+        stages.run_ppo(cfg, base, run_dir, stamp, log=lambda line: None)
+        store.save_json(os.path.join(run_dir, RECORD),       # last: a run killed before this line is done again
+                        dict(store.make_record(run_dir, stamp["config"], [], st.outputs), inputs=stamp["inputs"]))
+    s = store.load_json(os.path.join(run_dir, "ppo.json"))
     return dict(condition=cond, seed=seed, **s["final"], kl_coef_final=s["kl_coef_final"], seconds=s["seconds"],
                 ref=s.get("ref"))
 
@@ -184,8 +222,15 @@ def write_examples(cfg, base, adir, order, seed, n=3):
     store.write_text(os.path.join(adir, "examples.md"), "\n".join(lines) + "\n")
 
 
-def _ignore_sigint():
-    signal.signal(signal.SIGINT, signal.SIG_IGN)              # Ctrl-C is the parent's to handle
+def _worker_init(parent):
+    """Each worker: Ctrl-C is the parent's to handle, and the worker dies with its parent, even a kill -9 of it.
+    Linux: the kernel sends SIGKILL on the parent's death (prctl PR_SET_PDEATHSIG). Everywhere: every file write
+    first checks the parent (store.stop_writing_if_orphaned), which also catches a parent that died before prctl."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if sys.platform.startswith("linux"):
+        import ctypes
+        ctypes.CDLL(None).prctl(1, int(signal.SIGKILL), 0, 0, 0)     # 1 = PR_SET_PDEATHSIG
+    store.stop_writing_if_orphaned(parent)
 
 
 def ablate(opts, rest):
@@ -193,7 +238,13 @@ def ablate(opts, rest):
     base = cfg.run.out_dir
     os.makedirs(base, exist_ok=True)
     with store.Lock(base):
-        train.run_stages(train.parse(rest + ["--stage=all"]), upto="reward")   # pretrained model, reference, RM
+        main_run = train.parse(rest + ["--stage=all"])
+        main_run.run.fresh = False                      # --fresh redoes this command's ablation runs, never the main run
+        try:
+            train.run_stages(main_run, upto="reward")   # pretrained model, reference, reward model: built when missing
+        except RunError as e:
+            raise RunError(f"{e} (with python train.py --out_dir={base}; ablate.py's --fresh redoes only its own "
+                           "runs)", e.code) from None
         adir = os.path.join(base, opts["subdir"])
         os.makedirs(adir, exist_ok=True)
         order = opts["conditions"].split(",")
@@ -203,7 +254,8 @@ def ablate(opts, rest):
                 for k in range(opts["seeds"])]                  # a SAME_AS condition runs once, in its twin's folder
         t0, rows = time.time(), [baseline_row(cfg, base, seed0)]
         print(f"ablate: {len(jobs)} PPO runs ({opts['jobs']} at a time) into {adir}", flush=True)
-        pool = multiprocessing.get_context("spawn").Pool(opts["jobs"], _ignore_sigint) if opts["jobs"] > 1 else None
+        pool = multiprocessing.get_context("spawn").Pool(opts["jobs"], _worker_init, (os.getpid(),)) \
+            if opts["jobs"] > 1 else None
         try:
             for row in (pool.imap(one_run, jobs) if pool else map(one_run, jobs)):
                 rows.append(row)
