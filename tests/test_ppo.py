@@ -242,7 +242,8 @@ def test_k3_after_end_of_text_makes_no_nan_and_skips_no_step():
         k, after = KLConfig(kl_in=kl_in, kl_estimator="k3"), []
         for r in (resp, planted):
             batch, info = ppo.make_experience(actor, critic, ref, ref, rm, q, qm, r, EOS, 0.3, k, cfg, T)
-            assert all(torch.isfinite(x).all() for x in [*batch.values(), *info.values()] if x.is_floating_point())
+            assert all(torch.isfinite(x).all() for x in [*batch.values(), *info.values()]
+                       if x is not None and x.is_floating_point())
             a, c = copy.deepcopy(actor), copy.deepcopy(critic)
             opts = tuple(torch.optim.AdamW(m.parameters(), lr=1e-3, weight_decay=0.0) for m in (a, c))
             guards = (StepGuard("a"), StepGuard("c"))
