@@ -114,34 +114,70 @@ def test_bad_options_are_a_clear_error(argv, message, capsys):
 
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc to find the workers")
 def test_ctrl_c_stops_every_worker(run):
+    """Ctrl-C once both workers are inside a PPO run that cannot end first (100000 iterations), not after a sleep
+    (under load they may not have started yet): one line on stderr, exit 130, the workers gone when the parent is
+    (it joins them), then nothing of the process group left."""
+    adir = os.path.join(run, "ablate_int")
     p = subprocess.Popen([sys.executable, "ablate.py", "--preset=smoke", f"--out_dir={run}", "--subdir=ablate_int",
-                          "--conditions=no_kl,fixed_0.5", "--ppo_iters=50", "--jobs=2"], cwd=ROOT,
+                          "--conditions=no_kl,fixed_0.5", "--ppo_iters=100000", "--jobs=2"], cwd=ROOT,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))   # as from a terminal
-    for line in p.stdout:
-        if line.startswith("ablate:"):
-            break
-    time.sleep(3)                                                      # the workers are running now
-    os.killpg(p.pid, signal.SIGINT)                                    # what a terminal's Ctrl-C does
-    assert p.wait(timeout=60) == 130
-    err = p.stderr.read()
-    assert err.startswith("error: interrupted") and err.count("\n") == 1, err
-    time.sleep(0.5)
-    assert alive_in_group(p.pid) == []                                 # no worker left running
+    try:
+        for line in p.stdout:
+            if line.startswith("ablate:"):
+                break
+        runs = lambda: [s for c in os.listdir(adir) for s in os.listdir(os.path.join(adir, c))] \
+            if os.path.isdir(adir) else []
+        until(lambda: len(runs()) == 2, p)                             # 4 runs, 2 workers: each is inside one
+        workers = [pid for pid, (_, ppid, _, cmd) in processes().items() if ppid == p.pid and "spawn_main" in cmd]
+        assert len(workers) == 2 and all(ignores_sigint(w) for w in workers)   # Ctrl-C is the parent's to handle
+        os.killpg(p.pid, signal.SIGINT)                                # what a terminal's Ctrl-C does
+        rc = p.wait(timeout=120)
+        assert [w for w in workers if w in alive_in_group(p.pid)] == []    # reaped by the parent before it exited
+        assert rc == 130
+        err = p.stderr.read()
+        assert err.startswith("error: interrupted") and err.count("\n") == 1, err
+        until(lambda: alive_in_group(p.pid) == [])                     # the rest (multiprocessing's tracker) too
+    finally:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)                           # a failed test leaves no process behind
+        except ProcessLookupError:
+            pass
 
 
-def alive_in_group(pgid):
-    """Processes of a process group that still run (zombies, dead but not yet reaped, do not count)."""
-    alive = []
+def until(condition, p=None, limit=300):
+    """Wait for `condition`, polling; the limit only turns a hang into a failure (no test waits for it to pass)."""
+    deadline = time.monotonic() + limit
+    while not condition():
+        assert time.monotonic() < deadline and (p is None or p.poll() is None), "waited too long"
+        time.sleep(0.05)
+
+
+def ignores_sigint(pid):
+    """From the kernel's mask of ignored signals: under load a SIGTERM may kill a worker before its traceback."""
+    with open(f"/proc/{pid}/status") as f:
+        mask = next(line for line in f if line.startswith("SigIgn:")).split()[1]
+    return bool(int(mask, 16) >> (signal.SIGINT - 1) & 1)
+
+
+def processes():
+    """pid -> (state, parent pid, process group, command line), for every process in /proc."""
+    out = {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            alive.append(int(pid))
-    return alive
+        out[int(pid)] = (fields[0], int(fields[1]), int(fields[2]), cmd)
+    return out
+
+
+def alive_in_group(pgid):
+    """Processes of a process group that still run (zombies, dead but not yet reaped, do not count)."""
+    return [pid for pid, (state, _, group, _) in processes().items() if group == pgid and state != "Z"]
 
 
 def gone(pid):
