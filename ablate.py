@@ -29,9 +29,10 @@ import torch
 
 import data, stages, store, tokenizer, train
 from errors import RunError, die
-from evaluate import evaluate_policy, sample_texts
+from evaluate import best_of_k, evaluate_policy, plot_bestofk, sample_texts
 from model import load_checkpoint
-from tables import beta_table, plot, ref_table, summarise
+from tables import (DEFAULT_CONDITION, beta_table, bestofk_cells, bestofk_curves, bestofk_table, plot, ref_table,
+                    summarise, verifiable_columns)
 
 # condition -> train.py flags. A condition in SAME_AS has the same flags as another and reuses its runs.
 CONDITIONS = {
@@ -73,6 +74,18 @@ CONDITIONS = {
     # a run that drifts (weak fixed β, as fixed_0.005), and the same run with the KL rollback
     "drift": ["--kl_ctl=fixed", "--init_kl_coef=0.005"],
     "rollback": ["--kl_ctl=fixed", "--init_kl_coef=0.005", "--kl_max=10"],
+    # a verifiable reward (the simulated human itself) and critic-free group baselines (G = 8 samples per prompt).
+    # GRPO's β = 0.04 weighs a per-token mean of k3; tether's loss sums k3 over the ~40 tokens of a response, so
+    # the same weight is β = 0.04 / 40 = 0.001
+    "gold_adaptive": ["--reward=gold"],
+    "gold_no_kl": ["--reward=gold", "--kl_ctl=fixed", "--init_kl_coef=0"],
+    "gold_grpo_k3loss": ["--reward=gold", "--advantage=grpo", "--kl_in=loss", "--kl_estimator=k3", "--kl_ctl=fixed",
+                         "--init_kl_coef=0.001"],
+    "gold_grpo_no_kl": ["--reward=gold", "--advantage=grpo", "--kl_ctl=fixed", "--init_kl_coef=0"],   # TRL's default
+    "gold_rloo": ["--reward=gold", "--advantage=rloo"],                     # k1 in the reward, adaptive β
+    "gold_forward_kl": ["--reward=gold", "--kl_in=loss", "--kl_estimator=full_forward"],    # mass-covering anchor
+    "grpo_k3loss": ["--advantage=grpo", "--kl_in=loss", "--kl_estimator=k3", "--kl_ctl=fixed", "--init_kl_coef=0.001"],
+    "grpo_no_kl": ["--advantage=grpo", "--kl_ctl=fixed", "--init_kl_coef=0"],
 }
 SAME_AS = {"est_k1": "adaptive", "est_k1_reward": "adaptive", "est_k3_reward": "est_k3", "ref_full": "adaptive",
            "drift": "fixed_0.005"}
@@ -87,6 +100,8 @@ SUITES = {                      # a plain dict: add a suite by adding a line; `a
               "drift", "rollback"],
     "beta": ["no_kl", "beta_0.001", "beta_0.01", "beta_0.03", "fixed_0.05", "beta_0.1", "beta_0.3", "beta_1",
              "adaptive", "adaptive_fast"],
+    "verifiable": ["gold_adaptive", "gold_no_kl", "gold_grpo_k3loss", "gold_grpo_no_kl", "gold_rloo",
+                   "gold_forward_kl", "adaptive", "no_kl", "grpo_k3loss", "grpo_no_kl"],
 }
 SUITES["all"] = list(dict.fromkeys(c for suite in SUITES.values() for c in suite))
 DEFAULTS = []                   # the main run's budget: train.py's rollout_batch, ppo_iters and n_eval
@@ -181,7 +196,8 @@ def one_run(job):
                         dict(store.make_record(run_dir, stamp["config"], [], st.outputs), inputs=stamp["inputs"]))
     s = store.load_json(os.path.join(run_dir, "ppo.json"))
     return dict(condition=cond, seed=seed, **s["final"], kl_coef_final=s["kl_coef_final"], seconds=s["seconds"],
-                ref=s.get("ref"))
+                ref=s.get("ref"), entropy=s["entropy"], s_per_iter=s["ref"]["seconds_per_iter"],
+                critic_mb=s["critic_bytes"] / 1e6, **bestofk_cells(s["bestofk"]))
 
 
 def baseline_row(cfg, base, seed):
@@ -191,8 +207,12 @@ def baseline_row(cfg, base, seed):
     enc = tokenizer.load_tokenizer(base, cfg.world.tokenizer)
     actor, ref, rm = stages.load_models(base, run.device)
     stages.seed_everything(seed + 1)
-    final, _ = evaluate_policy(actor, enc, data.load_prompts(base)["heldout"], run, ref, rm, cfg.ppo.n_eval)
-    return dict(condition="pretrained", seed=seed, **final, kl_coef_final=None, seconds=0.0)
+    heldout = data.load_prompts(base)["heldout"]
+    final, _ = evaluate_policy(actor, enc, heldout, run, ref, rm, cfg.ppo.n_eval)
+    stages.seed_everything(seed + 2)                                # as run_ppo samples each actor's best-of-k
+    b = best_of_k(actor, enc, heldout, run, cfg.ppo.bestofk_n, cfg.ppo.pass_gold, cfg.ppo.n_eval)
+    return dict(condition="pretrained", seed=seed, **final, kl_coef_final=None, seconds=0.0, entropy=float("nan"),
+                s_per_iter=0.0, critic_mb=0.0, **bestofk_cells(b))
 
 
 def folder(cond):
@@ -268,7 +288,12 @@ def ablate(opts, rest):
         rows = rows[:1] + [dict(r, condition=c) for c in order for r in rows[1:] if r["condition"] == folder(c)]
         store.save_json(os.path.join(adir, "results.jsonl"), rows, lines=True)
         order = ["pretrained"] + order
-        table = summarise(rows, order)
+        gold = any(c in SUITES["verifiable"] for c in order)            # best-of-k, entropy and cost columns
+        ks = [int(c[5:]) for c in rows[0] if c.startswith("best_")]    # k = 1, 2, 4, ... up to --bestofk_n
+        table = summarise(rows, order, base="gold_adaptive" if "gold_adaptive" in order else DEFAULT_CONDITION,
+                          **dict(zip(("columns", "paired"), verifiable_columns(max(ks)))) if gold else {})
+        table += ("\nBest of k (expected best gold among k samples per prompt) and pass@k, mean over seeds:\n\n"
+                  + bestofk_table(rows, order)) if gold else ""
         run_dir = lambda cond, seed: os.path.join(adir, folder(cond), f"seed{seed}")
         report = (f"# ablate.py {' '.join(sys.argv[1:])}\n\n{len(jobs)} PPO runs, {time.time() - t0:.0f} s in all "
                   f"(runs reused from earlier commands take 0 s). Mean [95 % bootstrap interval] over the seeds "
@@ -282,6 +307,8 @@ def ablate(opts, rest):
             if cheap:
                 store.write_text(os.path.join(adir, "results_ref.md"), ref_report)
         plot(rows, adir, order, run_dir)
+        if gold:                                                      # pretrained against each actor
+            plot_bestofk(bestofk_curves(rows, order, cfg.ppo.pass_gold, ks), os.path.join(adir, "bestofk.png"))
         write_examples(cfg, base, adir, order, seed0)
         print(table)
 

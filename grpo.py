@@ -26,7 +26,7 @@ EPS = 1e-4
 
 
 def check(cfg):
-    """Why the group settings cannot work, in one line; None when they can (config.check calls it)."""
+    """Why the group settings cannot work, in one line; None when they can (train.parse calls it)."""
     p, n = cfg.ppo, dist.world()                     # torchrun: each process's share holds whole groups
     if p.advantage != "gae" and (p.group_size < 2 or p.rollout_batch % (n * p.group_size)):
         return (f"--advantage={p.advantage} needs --group_size >= 2 dividing --rollout_batch"

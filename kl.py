@@ -84,7 +84,7 @@ FULL = {"full": kl_full, "full_forward": kl_full_forward}          # the estimat
 
 
 def check(cfg):
-    """Why cfg.kl's values cannot work, in one line; None when they can (config.check calls it). full_forward as a
+    """Why cfg.kl's values cannot work, in one line; None when they can (train.parse calls it). full_forward as a
     detached reward would be a REINFORCE weight for the states π_θ visits: it would steer which states are reached,
     never pull π_θ(·|s_t) towards π_ref(·|s_t) (the forward KL's gradient reaches π_θ only by differentiating it)."""
     if cfg.kl.kl_estimator == "full_forward" and cfg.kl.kl_in != "loss":

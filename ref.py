@@ -47,7 +47,7 @@ class RefConfig:
 
 
 def check(cfg):
-    """Why cfg.ref's values cannot work, in one line; None when they can (config.check calls it)."""
+    """Why cfg.ref's values cannot work, in one line; None when they can (train.parse calls it)."""
     r, n_layer = cfg.ref, cfg.gpt.n_layer
     m = re.fullmatch(r"shared_(\d+)", r.ref)
     if r.ref not in KINDS and not m:

@@ -39,7 +39,8 @@ GROUPS = dict(run=RunConfig, world=WorldConfig, gpt=GPTConfig, pretrain=Pretrain
 
 def parse(argv):
     """The flags, checked: alone (config.check), then what needs another file: batch sizes the torchrun processes
-    must share equally (dist) and the --ref kinds the model's depth allows (ref), and the estimator placements and group sizes kl.py and grpo.py allow. Bad input: one line, exit 2."""
+    must share equally (dist), the --ref kinds the model's depth allows (ref), where an estimator may go (kl) and the
+    group sizes a rollout can hold (grpo). Bad input: one line, exit 2."""
     cfg = parse_args(argv, GROUPS, __doc__)
     check(cfg)
     r, p = cfg.reward, cfg.ppo

@@ -52,6 +52,28 @@ def test_every_condition_appears_with_finite_values_and_finished_runs_are_reused
         {k: v for k, v in again[2].items() if k != "condition"}
 
 
+def test_the_verifiable_suite_reports_best_of_k_and_what_the_critic_costs(run):
+    """Gold-reward and critic-free conditions through ablate.py: best-of-k and pass@k for every k the evaluation
+    holds (the pretrained row too), never worse with more tries; no critic bytes without a critic; and the
+    paired differences against gold_adaptive."""
+    argv = ["--preset=smoke", f"--out_dir={run}", "--quick", "--ppo_iters=2", "--n_eval=16", "--bestofk_n=4",
+            "--conditions=gold_adaptive,gold_grpo_no_kl", "--subdir=ablate_verifiable", "--jobs=1", "--seeds=2"]
+    ablate.main(argv)
+    adir = os.path.join(run, "ablate_verifiable")
+    rows = {(r["condition"], r["seed"]): r for r in store.load_json(os.path.join(adir, "results.jsonl"), lines=True)}
+    for r in rows.values():
+        assert [r[f"pass_{k}"] for k in (1, 2, 4)] == sorted(r[f"pass_{k}"] for k in (1, 2, 4))   # more tries, more
+        assert [r[f"best_{k}"] for k in (1, 2, 4)] == sorted(r[f"best_{k}"] for k in (1, 2, 4))   # passes, best higher
+        assert "best_8" not in r                                               # n = 4 samples: k <= 4 only
+    assert rows["gold_grpo_no_kl", 1337]["critic_mb"] == 0 < rows["gold_adaptive", 1337]["critic_mb"]
+    assert not os.path.exists(os.path.join(adir, "gold_grpo_no_kl", "seed1337", "critic.pt"))
+    table = open(os.path.join(adir, "results.md")).read()
+    assert "| best_4 |" in table and "Paired differences against gold_adaptive" in table
+    assert "| gold_grpo_no_kl | 2 |" in table and "Best of k" in table
+    pytest.importorskip("matplotlib")
+    assert os.path.exists(os.path.join(adir, "bestofk.png"))
+
+
 def test_suites_name_known_conditions_and_all_is_their_union():
     assert all(c in ablate.CONDITIONS for suite in ablate.SUITES.values() for c in suite)
     assert set(ablate.SUITES["all"]) == set().union(*(ablate.SUITES[s] for s in ablate.SUITES if s != "all"))
