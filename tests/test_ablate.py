@@ -56,7 +56,7 @@ def test_the_verifiable_suite_reports_best_of_k_and_what_the_critic_costs(run):
     """Gold-reward and critic-free conditions through ablate.py: best-of-k and pass@k for every k the evaluation
     holds (the pretrained row too), never worse with more tries; no critic bytes without a critic; and the
     paired differences against gold_adaptive."""
-    argv = ["--preset=smoke", f"--out_dir={run}", "--quick", "--ppo_iters=2", "--n_eval=16", "--bestofk_n=4",
+    argv = ["--preset=smoke", f"--out_dir={run}", "--ppo_iters=2", "--n_eval=16", "--bestofk_n=4",
             "--conditions=gold_adaptive,gold_grpo_no_kl", "--subdir=ablate_verifiable", "--jobs=1", "--seeds=2"]
     ablate.main(argv)
     adir = os.path.join(run, "ablate_verifiable")
