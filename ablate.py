@@ -7,11 +7,16 @@
     python ablate.py --subdir=ablate_short --rollout_batch=32 --ppo_iters=40  # results into out/ablate_short/
     python ablate.py --jobs=1            # runs one after another, in this process (default: 2 processes, 1 thread each)
     python ablate.py --suite=cheap       # cheaper references and the KL rollback -> also out/ablate/results_ref.md
+    python ablate.py --fresh             # this command's runs again from the start (never the main run: train.py's)
 
 results.md gives each column's mean with a 95 % bootstrap interval over seeds, then each condition minus `adaptive`
 (or the suite's first condition) paired over seeds; an interval that holds 0 is printed "not separated".
-A run whose ppo.json was made under the same config and inputs is reused, so an interrupted ablation goes on
-where it stopped (a run killed half way resumes from its ppo_state.pt); Ctrl-C stops every worker.
+Each run folder's run.json, written last, records the config, input and output hashes the run was made with (as
+stages.json does for train.py's stages). A run whose record matches the current config and inputs, its outputs intact,
+is reused, so an interrupted ablation goes on where it stopped (a run killed half way resumes from its ppo_state.pt);
+a run with a damaged output, or no record, is done again, alone. `--fresh` redoes this command's runs from the start
+and never touches the main run (that is `python train.py --fresh`). Ctrl-C, or a kill -9 of ablate.py, stops every
+worker before it writes another file.
 
 The pretrained model, frozen reference and reward model come from the main run folder (--out_dir, built by
 train.py's stages when missing), so only PPO differs between rows. Every condition gets the same iterations,
@@ -24,9 +29,10 @@ import torch
 
 import data, stages, store, tokenizer, train
 from errors import RunError, die
-from evaluate import evaluate_policy, sample_texts
+from evaluate import best_of_k, evaluate_policy, plot_bestofk, sample_texts
 from model import load_checkpoint
-from tables import beta_table, plot, ref_table, summarise
+from tables import (DEFAULT_CONDITION, beta_table, bestofk_cells, bestofk_curves, bestofk_table, plot, ref_table,
+                    summarise, verifiable_columns)
 
 # condition -> train.py flags. A condition in SAME_AS has the same flags as another and reuses its runs.
 CONDITIONS = {
@@ -68,6 +74,18 @@ CONDITIONS = {
     # a run that drifts (weak fixed β, as fixed_0.005), and the same run with the KL rollback
     "drift": ["--kl_ctl=fixed", "--init_kl_coef=0.005"],
     "rollback": ["--kl_ctl=fixed", "--init_kl_coef=0.005", "--kl_max=10"],
+    # a verifiable reward (the simulated human itself) and critic-free group baselines (G = 8 samples per prompt).
+    # GRPO's β = 0.04 weighs a per-token mean of k3; tether's loss sums k3 over the ~40 tokens of a response, so
+    # the same weight is β = 0.04 / 40 = 0.001
+    "gold_adaptive": ["--reward=gold"],
+    "gold_no_kl": ["--reward=gold", "--kl_ctl=fixed", "--init_kl_coef=0"],
+    "gold_grpo_k3loss": ["--reward=gold", "--advantage=grpo", "--kl_in=loss", "--kl_estimator=k3", "--kl_ctl=fixed",
+                         "--init_kl_coef=0.001"],
+    "gold_grpo_no_kl": ["--reward=gold", "--advantage=grpo", "--kl_ctl=fixed", "--init_kl_coef=0"],   # TRL's default
+    "gold_rloo": ["--reward=gold", "--advantage=rloo"],                     # k1 in the reward, adaptive β
+    "gold_forward_kl": ["--reward=gold", "--kl_in=loss", "--kl_estimator=full_forward"],    # mass-covering anchor
+    "grpo_k3loss": ["--advantage=grpo", "--kl_in=loss", "--kl_estimator=k3", "--kl_ctl=fixed", "--init_kl_coef=0.001"],
+    "grpo_no_kl": ["--advantage=grpo", "--kl_ctl=fixed", "--init_kl_coef=0"],
 }
 SAME_AS = {"est_k1": "adaptive", "est_k1_reward": "adaptive", "est_k3_reward": "est_k3", "ref_full": "adaptive",
            "drift": "fixed_0.005"}
@@ -82,6 +100,8 @@ SUITES = {                      # a plain dict: add a suite by adding a line; `a
               "drift", "rollback"],
     "beta": ["no_kl", "beta_0.001", "beta_0.01", "beta_0.03", "fixed_0.05", "beta_0.1", "beta_0.3", "beta_1",
              "adaptive", "adaptive_fast"],
+    "verifiable": ["gold_adaptive", "gold_no_kl", "gold_grpo_k3loss", "gold_grpo_no_kl", "gold_rloo",
+                   "gold_forward_kl", "adaptive", "no_kl", "grpo_k3loss", "grpo_no_kl"],
 }
 SUITES["all"] = list(dict.fromkeys(c for suite in SUITES.values() for c in suite))
 DEFAULTS = []                   # the main run's budget: train.py's rollout_batch, ppo_iters and n_eval
@@ -132,21 +152,55 @@ def parse(argv):
     return opts, rest
 
 
+RECORD = "run.json"     # in each run folder, written last: config, input and output hashes, as in stages.json
+
+
+def finished(run_dir, stamp):
+    """True when run_dir holds a finished run made under `stamp` whose outputs are as the run wrote them (their hashes
+    in run_dir/run.json). A run from before run.json existed is taken once it is whole: ppo.json under this stamp,
+    no ppo_state.pt left (run_ppo's last act removes it), every output loadable; then its record is written."""
+    st, path = stages.BY_NAME["ppo"], lambda n: os.path.join(run_dir, n)
+    needed = [n for n in st.outputs if not n.endswith(".png") and n != "critic.pt"]   # optional: matplotlib's plot,
+                                                                                   # the critic (gae only)
+    try:
+        rec = store.load_json(path(RECORD)) if os.path.exists(path(RECORD)) else None
+        if rec is None and os.path.exists(path("ppo.json")) and not os.path.exists(path(st.partial)):
+            if store.load_json(path("ppo.json")).get("stamp") != stamp:
+                return False
+            store.load_json(path("metrics.jsonl"), lines=True)
+            for n in ("actor.pt", "critic.pt"):
+                if n == "actor.pt" or os.path.exists(path(n)):
+                    store.load_torch(path(n))
+            rec = dict(store.make_record(run_dir, stamp["config"], [], st.outputs), inputs=stamp["inputs"])
+            store.save_json(path(RECORD), rec)
+    except RunError:                                    # a damaged record or output: the run is done again
+        return False
+    return rec is not None and set(needed) <= set(rec["outputs"]) and store.first_difference(rec, stamp) is None \
+        and store.outputs_intact(run_dir, rec)
+
+
 def one_run(job):
     """A single PPO run in its own folder; returns its row for results.jsonl. A finished run made under the same
-    config and inputs is reused."""
+    config and inputs, its outputs intact, is reused; any other is done again (resuming from its ppo_state.pt when
+    that was made under the same config and inputs; --fresh: from the start)."""
     cond, seed, flags, base, run_dir, threads = job
     if threads:
         torch.set_num_threads(threads)
     cfg = train.parse(flags + [f"--seed={seed}", f"--out_dir={base}"])
-    stamp = stages.stamp(cfg, stages.BY_NAME["ppo"])
-    done = os.path.join(run_dir, "ppo.json")
-    s = store.load_json(done) if os.path.exists(done) else None
-    if s is None or s.get("stamp") != stamp:
+    st = stages.BY_NAME["ppo"]
+    stamp = stages.stamp(cfg, st)
+    if cfg.run.fresh or not finished(run_dir, stamp):
+        stray = [n for n in os.listdir(run_dir) if ".tmp" in n] if os.path.isdir(run_dir) else []   # a kill mid-write
+        for n in [RECORD] + st.outputs + stray + ([st.partial] if cfg.run.fresh else []):   # the record goes first
+            store.remove(os.path.join(run_dir, n))
         stages.seed_everything(seed)
-        s = stages.run_ppo(cfg, base, run_dir, stamp, log=lambda line: None)
+        stages.run_ppo(cfg, base, run_dir, stamp, log=lambda line: None)
+        store.save_json(os.path.join(run_dir, RECORD),       # last: a run killed before this line is done again
+                        dict(store.make_record(run_dir, stamp["config"], [], st.outputs), inputs=stamp["inputs"]))
+    s = store.load_json(os.path.join(run_dir, "ppo.json"))
     return dict(condition=cond, seed=seed, **s["final"], kl_coef_final=s["kl_coef_final"], seconds=s["seconds"],
-                ref=s.get("ref"))
+                ref=s.get("ref"), entropy=s["entropy"], s_per_iter=s["ref"]["seconds_per_iter"],
+                critic_mb=s["critic_bytes"] / 1e6, **bestofk_cells(s["bestofk"]))
 
 
 def baseline_row(cfg, base, seed):
@@ -156,8 +210,12 @@ def baseline_row(cfg, base, seed):
     enc = tokenizer.load_tokenizer(base, cfg.world.tokenizer)
     actor, ref, rm = stages.load_models(base, run.device)
     stages.seed_everything(seed + 1)
-    final, _ = evaluate_policy(actor, enc, data.load_prompts(base)["heldout"], run, ref, rm, cfg.ppo.n_eval)
-    return dict(condition="pretrained", seed=seed, **final, kl_coef_final=None, seconds=0.0)
+    heldout = data.load_prompts(base)["heldout"]
+    final, _ = evaluate_policy(actor, enc, heldout, run, ref, rm, cfg.ppo.n_eval)
+    stages.seed_everything(seed + 2)                                # as run_ppo samples each actor's best-of-k
+    b = best_of_k(actor, enc, heldout, run, cfg.ppo.bestofk_n, cfg.ppo.pass_gold, cfg.ppo.n_eval)
+    return dict(condition="pretrained", seed=seed, **final, kl_coef_final=None, seconds=0.0, entropy=float("nan"),
+                s_per_iter=0.0, critic_mb=0.0, **bestofk_cells(b))
 
 
 def folder(cond):
@@ -187,8 +245,15 @@ def write_examples(cfg, base, adir, order, seed, n=3):
     store.write_text(os.path.join(adir, "examples.md"), "\n".join(lines) + "\n")
 
 
-def _ignore_sigint():
-    signal.signal(signal.SIGINT, signal.SIG_IGN)              # Ctrl-C is the parent's to handle
+def _worker_init(parent):
+    """Each worker: Ctrl-C is the parent's to handle, and the worker dies with its parent, even a kill -9 of it.
+    Linux: the kernel sends SIGKILL on the parent's death (prctl PR_SET_PDEATHSIG). Everywhere: every file write
+    first checks the parent (store.stop_writing_if_orphaned), which also catches a parent that died before prctl."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if sys.platform.startswith("linux"):
+        import ctypes
+        ctypes.CDLL(None).prctl(1, int(signal.SIGKILL), 0, 0, 0)     # 1 = PR_SET_PDEATHSIG
+    store.stop_writing_if_orphaned(parent)
 
 
 def ablate(opts, rest):
@@ -196,7 +261,13 @@ def ablate(opts, rest):
     base = cfg.run.out_dir
     os.makedirs(base, exist_ok=True)
     with store.Lock(base):
-        train.run_stages(train.parse(rest + ["--stage=all"]), upto="reward")   # pretrained model, reference, RM
+        main_run = train.parse(rest + ["--stage=all"])
+        main_run.run.fresh = False                      # --fresh redoes this command's ablation runs, never the main run
+        try:
+            train.run_stages(main_run, upto="reward")   # pretrained model, reference, reward model: built when missing
+        except RunError as e:
+            raise RunError(f"{e} (with python train.py --out_dir={base}; ablate.py's --fresh redoes only its own "
+                           "runs)", e.code) from None
         adir = os.path.join(base, opts["subdir"])
         os.makedirs(adir, exist_ok=True)
         order = opts["conditions"].split(",")
@@ -206,7 +277,8 @@ def ablate(opts, rest):
                 for k in range(opts["seeds"])]                  # a SAME_AS condition runs once, in its twin's folder
         t0, rows = time.time(), [baseline_row(cfg, base, seed0)]
         print(f"ablate: {len(jobs)} PPO runs ({opts['jobs']} at a time) into {adir}", flush=True)
-        pool = multiprocessing.get_context("spawn").Pool(opts["jobs"], _ignore_sigint) if opts["jobs"] > 1 else None
+        pool = multiprocessing.get_context("spawn").Pool(opts["jobs"], _worker_init, (os.getpid(),)) \
+            if opts["jobs"] > 1 else None
         try:
             for row in (pool.imap(one_run, jobs) if pool else map(one_run, jobs)):
                 rows.append(row)
@@ -219,7 +291,12 @@ def ablate(opts, rest):
         rows = rows[:1] + [dict(r, condition=c) for c in order for r in rows[1:] if r["condition"] == folder(c)]
         store.save_json(os.path.join(adir, "results.jsonl"), rows, lines=True)
         order = ["pretrained"] + order
-        table = summarise(rows, order)
+        gold = any(c in SUITES["verifiable"] for c in order)            # best-of-k, entropy and cost columns
+        ks = [int(c[5:]) for c in rows[0] if c.startswith("best_")]    # k = 1, 2, 4, ... up to --bestofk_n
+        table = summarise(rows, order, base="gold_adaptive" if "gold_adaptive" in order else DEFAULT_CONDITION,
+                          **dict(zip(("columns", "paired"), verifiable_columns(max(ks)))) if gold else {})
+        table += ("\nBest of k (expected best gold among k samples per prompt) and pass@k, mean over seeds:\n\n"
+                  + bestofk_table(rows, order)) if gold else ""
         run_dir = lambda cond, seed: os.path.join(adir, folder(cond), f"seed{seed}")
         report = (f"# ablate.py {' '.join(sys.argv[1:])}\n\n{len(jobs)} PPO runs, {time.time() - t0:.0f} s in all "
                   f"(runs reused from earlier commands take 0 s). Mean [95 % bootstrap interval] over the seeds "
@@ -233,6 +310,8 @@ def ablate(opts, rest):
             if cheap:
                 store.write_text(os.path.join(adir, "results_ref.md"), ref_report)
         plot(rows, adir, order, run_dir)
+        if gold:                                                      # pretrained against each actor
+            plot_bestofk(bestofk_curves(rows, order, cfg.ppo.pass_gold, ks), os.path.join(adir, "bestofk.png"))
         write_examples(cfg, base, adir, order, seed0)
         print(table)
 

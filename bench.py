@@ -12,7 +12,7 @@ and by the measured matmul rate. Every timing is the median of a few repeats aft
     python bench.py --refs --out_dir=out    # every --ref kind: bytes held and the KL to the full ref at step 0
 --refs measures the reference options (ref.py) on a finished run's models instead (any train.py flag passes through,
 checked by train.parse): the table is printed, nothing is written.
-Left out: memory profiles, torch.compile timings (see README), multi-GPU.
+Left out: memory profiles, torch.compile timings (ANSWER.md, "Can the pipeline run in 5 minutes?"), multi-GPU.
 """
 import dataclasses, os, statistics, sys, time
 import torch

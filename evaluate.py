@@ -4,6 +4,11 @@
 The ppo and report stages and ablate.py all score through `evaluate_policy`, so every row of every table is measured
 the same way: same prompts, same sampling seed, same metrics; the pretrain stage and ablate.py's examples use
 `sample_texts` and `judge_texts`.
+Best-of-k, the pass@k of this world (`best_of_k`): n = --bestofk_n samples for each of n_eval / n held-out prompts
+(spread over the subjects; the same sample budget as the evaluation), and for k = 1, 2, 4, 8, 16 the expected best
+gold score among k of them and pass@k, a pass being a well-formed response with gold above --pass_gold (default
+1.25: the pretrained model, gold 0.69 ± 1.09 and 94.5 % well-formed, passes about 30 % of the time). Both are the
+unbiased estimators over the n samples (Chen et al. 2021): every k-subset of the n counted.
 Left out: confidence intervals, per-token views.
 """
 import math, os
@@ -80,6 +85,35 @@ def step0_kl(pretrained, ref, enc, prompts, run, rm, n):
     return evaluate_policy(pretrained, enc, prompts, run, ref, rm, n)[0]["kl"]
 
 
+def expected_best(scores, k):
+    """E[max of k scores drawn without replacement from the n given]: the i-th smallest is the largest of a k-subset
+    in C(i-1, k-1) of the C(n, k) subsets, so Σ_i C(i-1, k-1) / C(n, k) · x_(i) over the sorted scores."""
+    x, n = sorted(scores), len(scores)
+    return sum(math.comb(i - 1, k - 1) * x[i - 1] for i in range(k, n + 1)) / math.comb(n, k)
+
+
+def pass_at_k(n, c, k):
+    """P(at least one pass among k drawn without replacement from n samples of which c pass): 1 - C(n-c, k)/C(n, k)."""
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+@torch.no_grad()
+def best_of_k(model, enc, prompts, run, n, pass_gold, budget, ks=(1, 2, 4, 8, 16)):
+    """n samples for each of budget // n prompts (at least 1, at most all, spread over the list); for each k <= n the
+    mean over prompts of the expected best gold score of k samples and of pass@k (pass: well-formed with gold >
+    pass_gold). Randomness: torch's global generator."""
+    m = min(len(prompts), max(1, budget // n))
+    prompts = [prompts[i * len(prompts) // m] for i in range(m)]
+    rows = [p for p in prompts for _ in range(n)]                                        # n in a row per prompt
+    verdicts = [data.judge(p, t) for p, t in zip(rows, sample_texts(model, enc, rows, run, batch=256))]
+    groups = [verdicts[i:i + n] for i in range(0, len(verdicts), n)]
+    ks = [k for k in ks if k <= n]
+    best = [float(np.mean([expected_best([v["score"] for v in g], k) for g in groups])) for k in ks]
+    passes = [sum(v["wellformed"] and v["score"] > pass_gold for v in g) for g in groups]
+    return dict(n=n, prompts=len(prompts), pass_gold=pass_gold, k=ks, best=best,
+                pass_at=[float(np.mean([pass_at_k(n, c, k) for c in passes])) for k in ks])
+
+
 def write_report(path_md, res, samples, n_eval, temperature, timings):
     """report.md: the two policies side by side, a few examples, the seconds per stage."""
     lines = [f"# tether report ({n_eval} samples on held-out prompts, temperature {temperature})", "",
@@ -90,6 +124,15 @@ def write_report(path_md, res, samples, n_eval, temperature, timings):
         for name in ("pretrained", "rlhf"):
             p, t, g, s = samples[name][i]
             lines.append(f"- {name:10s} [{g:+.2f}, {s:+.2f}] {p.strip()} | {t.replace(chr(10), ' / ')}")
+    bok = {name: r["bestofk"] for name, r in res.items() if "bestofk" in r}
+    if bok:
+        b = next(iter(bok.values()))
+        lines += ["", f"Best-of-k on {b['prompts']} held-out prompts x {b['n']} samples: expected best gold of k, and "
+                  f"pass@k (well-formed, gold > {b['pass_gold']}):", "",
+                  "| k | " + " | ".join(f"best {name} | pass {name}" for name in bok) + " |",
+                  "|---|" + "---|---|" * len(bok)]
+        lines += [f"| {k} | " + " | ".join(f"{r['best'][i]:.3f} | {r['pass_at'][i]:.3f}" for r in bok.values()) + " |"
+                  for i, k in enumerate(b["k"])]
     lines += ["", "Seconds per stage: " + ", ".join(f"{k} {v}" for k, v in timings.items())]
     text = "\n".join(lines) + "\n"
     store.write_text(path_md, text)
@@ -110,7 +153,33 @@ def plot_metrics(rows, png):
     a.plot(it, [r["objective/gold"] for r in rows], label="gold (simulated human)")
     a.set_xlabel("PPO iteration"); a.set_ylabel("score"); a.legend()
     b.plot(it, [r["objective/kl"] for r in rows], color="C3")
+    undone = [(r["iter"], r["policy/kl_before_rollback"]) for p, r in zip([{}] + rows, rows)
+              if r.get("policy/rollbacks", 0) > p.get("policy/rollbacks", 0)]      # --kl_max: rollouts undone
+    if undone:
+        b.scatter(*zip(*undone), color="C1", marker="x", label="rollout above --kl_max (undone)"); b.legend()
     b.set_xlabel("PPO iteration"); b.set_ylabel("KL(actor ‖ reference), nats/sequence")
+    fig.tight_layout()
+    tmp = png + ".tmp.png"                                  # written whole, then renamed: never a torn file
+    fig.savefig(tmp, dpi=100); plt.close(fig)
+    os.replace(tmp, png)
+
+
+def plot_bestofk(curves, png):
+    """Expected best gold of k and pass@k against k, one line per policy: curves {name: best_of_k's dict}."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.5))
+    for name, c in curves.items():
+        a.plot(c["k"], c["best"], marker="o", label=name)
+        b.plot(c["k"], c["pass_at"], marker="o", label=name)
+    b.set_ylim(0, 1)
+    for ax, label in ((a, "expected best gold of k"), (b, f"pass@k (well-formed, gold > {c['pass_gold']})")):
+        ax.set_xscale("log", base=2); ax.set_xticks(c["k"], [str(k) for k in c["k"]])
+        ax.set_xlabel("k (samples per prompt)"); ax.set_ylabel(label); ax.legend()
     fig.tight_layout()
     tmp = png + ".tmp.png"                                  # written whole, then renamed: never a torn file
     fig.savefig(tmp, dpi=100); plt.close(fig)

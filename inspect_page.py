@@ -15,6 +15,8 @@ shows its advantage: ppo.make_experience run on that one response with the final
 run's own KL and PPO settings (GAE before whitening; the penalty to the frozen reference, also for a moving one).
 An actor trained from another pretrain.pt, ref.pt or reward.pt than out_dir's holds (its PPO record says which:
 stages.json, or the ppo.json beside it) is refused: its page would set it against models it never saw.
+A critic-free run (--advantage=grpo or rloo) leaves no critic.pt: its page has an empty advantage column (a group
+advantage would need the prompt's other samples, which the page does not draw).
 Left out: advantages for the pretrained model's tokens (the critic judges the actor's policy), interactive plots.
 """
 from dataclasses import dataclass, replace
@@ -28,7 +30,7 @@ from kl import kl_full
 from model import encode_prompts, load_checkpoint, response_logits, response_mask, token_logprobs, join_tokens
 from ppo import make_experience
 from ref import Reference
-from reward import load_scalar_model, score as reward_score
+from reward import gold_scores, load_scalar_model, score as reward_score
 
 
 @dataclass
@@ -44,7 +46,7 @@ SCALE = 1.0                     # nats at which a token's colour is full
 def token_rows(model, ref, enc, prompt, response, temperature, critic=None):
     """Per response token (up to end-of-text): its id and text, k1 and exact KL to the reference, and the top-5
     next tokens (text, probability) of the model and of the reference at that position. critic: None, or
-    (critic, rm, β, kl config, ppo config) to add each token's advantage as PPO computes it."""
+    (critic, rm, β, kl config, ppo config, gold normaliser) to add each token's advantage as PPO computes it."""
     q, qm = encode_prompts(enc, [prompt])                                                    # (1, Tp)
     resp = torch.tensor([response])                                                          # (1, R)
     mask = response_mask(resp, enc.eot_token)[0]                                             # (R,)
@@ -58,9 +60,9 @@ def token_rows(model, ref, enc, prompt, response, temperature, critic=None):
         return [(enc.decode([j]), q) for q, j in zip(p.tolist(), i.tolist())]
     adv = torch.full_like(k1, float("nan"))                                                  # (R,) nan: not shown
     if critic is not None:
-        value_model, rm, beta, kl_cfg, ppo_cfg = critic
+        value_model, rm, beta, kl_cfg, ppo_cfg, gold_norm = critic
         _, info = make_experience(model, value_model, ref, ref, rm, q, qm, resp, enc.eot_token, beta, kl_cfg,
-                                  ppo_cfg, temperature)
+                                  ppo_cfg, temperature, gold_scores(enc, [prompt], resp), gold_norm)
         adv = info["advantages"][0]
     return [dict(id=response[t], text=enc.decode([response[t]]), k1=k1[t].item(), kl=exact[t].item(),
                  adv=adv[t].item(), actor_top=top5(logits[0, t]), ref_top=top5(ref_logits[0, t]))
@@ -116,15 +118,17 @@ def write_page(path, title, blocks, note):
 
 
 def ppo_critic(cfg, folder, rm):
-    """(critic, rm, final β, KL config, PPO config) of the PPO run that wrote folder's actor.pt, from the critic.pt
-    and ppo.json beside it (the settings as that run recorded them, not this command's flags); None without them."""
+    """(critic, rm, final β, KL config, PPO config, gold (mean, std)) of the PPO run that wrote folder's actor.pt,
+    from the critic.pt and ppo.json beside it (the settings as that run recorded them, not this command's flags);
+    None without them."""
     files = [os.path.join(folder, n) for n in ("critic.pt", "ppo.json")]
     if not all(map(os.path.exists, files)):
         return None
     record = store.load_json(files[1])
     ran = lambda group: replace(group, **{k: v for k, v in record["stamp"]["config"].items() if hasattr(group, k)})
     critic, _ = load_scalar_model(files[0], cfg.run.device)
-    return critic, rm, record["kl_coef_final"], ran(cfg.kl), ran(cfg.ppo)
+    norm = record.get("gold_norm", dict(mean=0.0, std=1.0))                # --reward=gold: its units
+    return critic, rm, record["kl_coef_final"], ran(cfg.kl), ran(cfg.ppo), (norm["mean"], norm["std"])
 
 
 def made_from(out, actor_path):

@@ -5,15 +5,22 @@ Per response token t, with logp = log π_θ(y_t|s_t) and logp_ref = log π_ref(y
     k2 = ½ (logp - logp_ref)²               biased, never negative, low variance
     k3 = (r - 1) - log r,  r = p_ref / p     unbiased, never negative (Schulman 2020, "Approximating KL")
     full = Σ_v π_θ(v|s_t) (log π_θ(v|s_t) - log π_ref(v|s_t))   exact, from both softmax distributions
+    full_forward = Σ_v π_ref(v|s_t) (log π_ref(v|s_t) - log π_θ(v|s_t))   the exact forward (mass-covering) KL;
+                                            a loss only: as a detached reward it is refused (`check`)
     seq_mean = k1 / L                       the common mistake: summed over the L response tokens it is the *mean*
                                             log-ratio, a length-normalised "sequence KL" (kept to measure it)
-The actor pays -β·kl_t at every response token (`shaped_rewards`). Unbiased *values* are not unbiased *gradients*:
-as a detached reward only k1 gives the policy gradient of the sequence KL (k3 and full do not; README, claim 4).
-As a loss, k2 and full give only each position's own KL gradient, missing how a token changes the later positions;
-k3 as a loss is the forward KL's gradient, k1 as a loss has expectation 0 (tests/test_estimators.py, by enumeration).
+The actor pays -β·kl_t at every response token (`shaped_rewards`). Unbiased *values* are not unbiased *gradients*.
+Proved by enumeration (tests/test_estimators.py), for the on-policy gradient (ratio 1) with γ = 1, and either λ = 1
+with any values of the state alone, or any λ with the exact values V^π: of the single placements only k1 as a
+detached reward is the sequence KL's gradient. As a loss, k2 and full give each position's own KL gradient only
+(missing how a token changes the later positions), k3 the forward KL's, k1 zero. Paid both ways (not a flag here),
+exact too: full as a loss or k2 as a loss + full as a reward, k3 as a loss + k3 as a reward, k1 + k1. γ < 1: none.
+full_forward as a loss is, in expectation, k3 as a loss: ∇ Σ_t E_{s_t~π_θ}[KL(π_ref(·|s_t)‖π_θ(·|s_t))] with the
+states held fixed. That is not ∇KL(π_ref‖π_θ) over sequences, whose states come from π_ref (enumeration tests).
 β comes from a controller with `value` and `update(kl, n)`, where kl is the batch mean of per-sequence summed KL
 and n the number of sequences.
-Left out: KL in the other direction, entropy bonuses (ppo.py has ent_coef), per-token adaptive β.
+Left out: the sequence-level forward KL (it needs π_ref's samples), entropy bonuses (ppo.py has ent_coef),
+per-token adaptive β.
 """
 from dataclasses import dataclass
 import torch
@@ -32,9 +39,10 @@ class KLConfig:
                           "the run's sequences, so that β can move about x7 over any budget")
     band_width: float = arg(0.5, "[0,1)", "band: the range is kl_target x (1 ± band_width)")
     kl_coef_end: float = arg(0.001, ">=0", "linear: β at the end of training")
-    kl_estimator: str = arg("k1", help="per-token KL: k1, k2, k3, full (exact, from both softmaxes), or seq_mean "
-                            "(k1 / response length: the mean log-ratio, a common mistake)",
-                            choices=["k1", "k2", "k3", "full", "seq_mean"])
+    kl_estimator: str = arg("k1", help="per-token KL: k1, k2, k3, full (exact, from both softmaxes), full_forward "
+                            "(exact KL(π_ref‖π_θ); --kl_in=loss only), or seq_mean (k1 / response length: the mean "
+                            "log-ratio, a common mistake)",
+                            choices=["k1", "k2", "k3", "full", "full_forward", "seq_mean"])
     kl_in: str = arg("reward", help="reward (-β·kl per token, detached) or loss (β·Σ_t kl, differentiated)",
                      choices=["reward", "loss"])
     ref_update: str = arg("frozen", help="the penalty's reference: frozen (π_ref), rolling (the previous "
@@ -66,7 +74,23 @@ def kl_full(logits, logits_ref):
     return (logp.exp() * (logp - logq)).sum(-1)                                                # (B, R)
 
 
+def kl_full_forward(logits, logits_ref):
+    """Exact forward KL(π_ref(·|s_t) ‖ π_θ(·|s_t)) at each position (B, R): the mass-covering direction."""
+    return kl_full(logits_ref, logits)                                                         # (B, R)
+
+
 ESTIMATORS = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
+FULL = {"full": kl_full, "full_forward": kl_full_forward}          # the estimators that need both softmaxes
+
+
+def check(cfg):
+    """Why cfg.kl's values cannot work, in one line; None when they can (train.parse calls it). full_forward as a
+    detached reward would be a REINFORCE weight for the states π_θ visits: it would steer which states are reached,
+    never pull π_θ(·|s_t) towards π_ref(·|s_t) (the forward KL's gradient reaches π_θ only by differentiating it)."""
+    if cfg.kl.kl_estimator == "full_forward" and cfg.kl.kl_in != "loss":
+        return "--kl_estimator=full_forward is a loss only: use it with --kl_in=loss (as a detached reward it " \
+               "weighs which states are visited and never pulls π_θ towards π_ref)"
+    return None
 
 
 def kl_seq_mean(logp, logp_ref, mask):
@@ -75,10 +99,17 @@ def kl_seq_mean(logp, logp_ref, mask):
 
 
 def per_token_kl(name, logp, logp_ref, logits=None, logits_ref=None, mask=None):
-    """The configured estimator on response tokens (B, R); `full` needs the logits, `seq_mean` the mask (B, R).
-    Differentiable in every input, so the same function serves the detached reward and the loss form."""
-    if name == "full":
-        return kl_full(logits, logits_ref)
+    """The configured estimator on response tokens (B, R); `full` and `full_forward` need the logits, `seq_mean`
+    the mask (B, R). Differentiable in every input, so the same function serves the detached reward and the loss.
+    With a mask, the inputs after end-of-text are zeroed *before* the estimator (kl 0 there): what the models say
+    about padding can be anything, and k3's exp(log π_ref - log π) overflows beyond 88 nats, whose inf·0 is a NaN
+    gradient."""
+    if mask is not None:
+        logp, logp_ref = torch.where(mask, logp, 0.0), torch.where(mask, logp_ref, 0.0)
+        if name in FULL:
+            logits, logits_ref = (torch.where(mask[..., None], x, 0.0) for x in (logits, logits_ref))    # (B, R, V)
+    if name in FULL:
+        return FULL[name](logits, logits_ref)
     if name == "seq_mean":
         return kl_seq_mean(logp, logp_ref, mask)
     return ESTIMATORS[name](logp, logp_ref)

@@ -265,3 +265,9 @@ def response_logits(model, query, query_mask, response, temperature):
 def token_logprobs(logits, tokens):
     """log softmax(logits) at the given tokens: logits (B, R, V), tokens (B, R) -> (B, R)."""
     return F.log_softmax(logits, -1).gather(2, tokens[..., None]).squeeze(-1)
+
+
+def entropy_from_logits(logits):
+    """Entropy of softmax(logits) at each position: logits (B, R, V) -> (B, R), in fp32."""
+    logp = F.log_softmax(logits.float(), -1)                                  # (B, R, V)
+    return -(logp.exp() * logp).sum(-1)                                       # (B, R)

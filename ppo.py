@@ -3,10 +3,10 @@
     python train.py --stage=ppo      # runs `train_ppo` on the pretrained actor, the frozen reference, the reward model
 
 One iteration (find `# ---- ppo loop ----`), as in lm-human-preferences and TRL:
-    rollout     the actor samples a response to each prompt (KV cache, temperature T)
-    experience  old log-probs from the actor (the rollout policy, never the reference), reference log-probs,
-                critic values, the reward model's score (minus missing_eos_penalty without end-of-text),
-                rewards r_t = -β·kl_t with the score added at the last real token, GAE advantages (whitened), returns
+    rollout     the actor samples a response to each prompt (KV cache, temperature T); grpo, rloo: G per prompt
+    experience  old log-probs from the actor (the rollout policy, never the reference), reference log-probs, critic
+                values, the score (reward model or gold) minus missing_eos_penalty without end-of-text, rewards
+                r_t = -β·kl_t with the score at the last real token, GAE advantages (whitened; grpo.py's), returns
     update      ppo_epochs passes over shuffled minibatches:
                 ratio = π_θ/π_θ_old;  pg_losses = max(-A·ratio, -A·clip(ratio, 1-ε, 1+ε))
                 vf_losses = ½ max((V - G)², (vpredclipped - G)²),  vpredclipped = V_old + clip(V - V_old, ±ε_v)
@@ -16,11 +16,14 @@ One iteration (find `# ---- ppo loop ----`), as in lm-human-preferences and TRL:
                 N iterations, on a copy) or reset (the copy <- π_θ every N iterations); saved in ppo_state.pt
     ptx         --ptx_coef > 0 adds ptx_coef x the language-model loss on pretraining windows (train.bin) to the
                 actor's loss, as InstructGPT's PPO-ptx does: a second anchor, to the data
+    rollback    --kl_max (ref.py): a first rollout above it brings back the last state under it, β raised, and is
+                redone; its KL is logged as policy/kl_before_rollback
     log, save   one metrics dict and log line per iteration; a resumable state every save_interval iterations
 Shapes: B batch, Tp prompt tokens (left-padded), R response tokens, V vocabulary; mask (B, R) is true up to and
 including end-of-text. Names follow lm-human-preferences and TRL: lastgaelam, vpredclipped, pg_losses, whiten.
 Under torchrun (dist.py) each rank samples its share of rollout_batch and trains on minibatches of its share of
-minibatch_size; gradients are averaged, advantages whitened and β fed with statistics over all ranks, metrics reduced.
+minibatch_size (ptx: its share of windows, from its own stream); gradients are averaged, advantages whitened and β
+fed with statistics over all ranks, metrics reduced.
 Left out: a value head sharing the actor's trunk, reward whitening, early stopping on approx-KL.
 """
 from collections import defaultdict
@@ -28,16 +31,15 @@ from dataclasses import asdict, dataclass, replace
 import os, time
 import numpy as np
 import torch
-from torch.nn import functional as F
 
-import data, dist, store
+import data, dist, grpo, store
 from config import arg
 from errors import RunError
-from kl import kl_full, make_kl_controller, per_token_kl, shaped_rewards
-from model import (StepGuard, adamw, encode_prompts, join_tokens, response_logits, response_mask, rng_states,
-                   set_rng_states, token_logprobs)
+from kl import FULL, kl_full, make_kl_controller, per_token_kl, shaped_rewards
+from model import (StepGuard, adamw, encode_prompts, entropy_from_logits, join_tokens, response_logits,
+                   response_mask, rng_states, set_rng_states, token_logprobs)
 from ref import Reference, Rollback, load_trainable
-from reward import response_values, score as reward_score
+from reward import gold_scores, response_values, score as reward_score
 
 
 @dataclass
@@ -57,7 +59,13 @@ class PPOConfig:
     missing_eos_penalty: float = arg(1.0, ">=0", "subtracted from the score of a response without end-of-text")
     save_interval: int = arg(10, ">0", "iterations between resumable checkpoints")
     n_eval: int = arg(200, ">0", "held-out samples in the final evaluation")
+    bestofk_n: int = arg(16, ">0", "best-of-k, pass@k: samples per held-out prompt (n_eval in all)")
+    pass_gold: float = arg(1.25, help="pass@k: a pass is a well-formed response with gold above this")
     ptx_coef: float = arg(0.0, ">=0", "γ: weight of the pretraining LM loss (train.bin windows) in the actor's loss")
+    reward: str = arg("model", help="model (the reward model) or gold (the simulated human)", choices=["model", "gold"])
+    advantage: str = arg("gae", help="gae (a critic) or, with no critic, grpo or rloo", choices=["gae", "grpo", "rloo"])
+    group_size: int = arg(8, ">0", "grpo, rloo: samples per prompt (rollout_batch must be divisible by it)")
+    grpo_scale: str = arg("std", help="grpo: divide by the group's std, or none (Dr. GRPO)", choices=["std", "none"])
 
 
 def masked_mean(x, mask):
@@ -65,16 +73,13 @@ def masked_mean(x, mask):
     return torch.where(mask, x, 0.0).sum() / mask.sum().clamp(min=1)
 
 
-def whiten(x, mask, shift_mean=True):
+def whiten(x, mask):
     """Normalise x to zero mean, unit variance over the real tokens; 0 outside the mask. Under torchrun the mean
     and variance are over every rank's tokens (sums and counts all-reduced), as if one process held the batch."""
     n = dist.all_reduce(mask.sum().float()).clamp(min=1)
     mean = dist.all_reduce(torch.where(mask, x, 0.0).sum()) / n
     var = dist.all_reduce(torch.where(mask, (x - mean) ** 2, 0.0).sum()) / n
-    out = (x - mean) * torch.rsqrt(var + 1e-8)
-    if not shift_mean:
-        out = out + mean
-    return torch.where(mask, out, 0.0)
+    return torch.where(mask, (x - mean) * torch.rsqrt(var + 1e-8), 0.0)
 
 
 def compute_gae(rewards, values, mask, gamma, lam):
@@ -118,38 +123,38 @@ def value_loss(vpred, values, returns, mask, cliprange_value):
     return loss, masked_mean((vf_losses2 > vf_losses1).float(), mask).detach()
 
 
-def entropy_from_logits(logits):
-    logp = F.log_softmax(logits.float(), -1)                                  # (B, R, V)
-    return -(logp.exp() * logp).sum(-1)                                       # (B, R)
-
-
 @torch.no_grad()
 def make_experience(actor, critic, ref, pen_ref, rm, query, query_mask, response, eos, beta, kl_cfg, cfg,
-                    temperature):
+                    temperature, gold=None, gold_norm=(0.0, 1.0)):
     """Everything the update needs from one rollout (query (B, Tp) left-padded, response (B, R) as sampled).
-    ref is the frozen reference; pen_ref the one the penalty uses (ref, or the previous policy when rolling).
-    Returns (batch of (B, ...) tensors for ppo_update, info for logging)."""
+    ref is the frozen reference; pen_ref the one the penalty uses (ref, or the previous policy when rolling); critic
+    None: grpo, rloo; gold (B,): the simulated human's scores (--reward=gold: the score). Returns (batch, info)."""
     mask = response_mask(response, eos)                                                        # (B, R)
     truncated = ~(response == eos).any(1)                                                      # (B,) no end-of-text
-    scores = reward_score(rm, join_tokens(query, query_mask, response, mask), eos)              # (B,)
-    scores = scores - cfg.missing_eos_penalty * truncated                  # the reward model never saw such text
+    penalty = cfg.missing_eos_penalty * truncated                          # the reward model never saw such text
+    scores = reward_score(rm, join_tokens(query, query_mask, response, mask), eos) - penalty    # (B,)
+    reward = scores if cfg.reward == "model" else (gold.to(scores) - gold_norm[0]) / gold_norm[1] - penalty  # (B,)
     logits = response_logits(actor, query, query_mask, response, temperature)                  # (B, R, V)
     old_logprobs = token_logprobs(logits, response)                                            # (B, R) rollout policy
     ref_logits = ref.logits(query, query_mask, response, temperature)                          # (B, R, V)
     pen_logits = ref_logits if pen_ref is ref else pen_ref.logits(query, query_mask, response, temperature)
     pen_logprobs = token_logprobs(pen_logits, response)                                        # (B, R)
-    values = response_values(critic, query, query_mask, response)                              # (B, R)
+    values = 0 * old_logprobs if critic is None else response_values(critic, query, query_mask, response)  # (B, R)
     kl = per_token_kl(kl_cfg.kl_estimator, old_logprobs, pen_logprobs, logits, pen_logits, mask)  # (B, R)
     in_reward = kl if kl_cfg.kl_in == "reward" else torch.zeros_like(kl)       # loss form: the update pays it
-    rewards = shaped_rewards(scores, in_reward, mask, beta)                                    # (B, R)
-    advantages, returns = compute_gae(rewards, values, mask, cfg.gamma, cfg.lam)               # (B, R) each
+    rewards = shaped_rewards(reward, in_reward, mask, beta)                                    # (B, R)
+    if cfg.advantage == "gae":
+        advantages, returns = compute_gae(rewards, values, mask, cfg.gamma, cfg.lam)           # (B, R) each
+    else:                       # grpo, rloo: the sequence reward against its group's, on every token; not whitened
+        advantages = returns = grpo.advantages(rewards, mask, cfg)                             # (B, R)
     batch = dict(query=query, query_mask=query_mask, response=response, mask=mask, old_logprobs=old_logprobs,
-                 values=values, advantages=whiten(advantages, mask), returns=returns)
+                 values=values, advantages=whiten(advantages, mask) if cfg.advantage == "gae" else advantages,
+                 returns=returns)
     if kl_cfg.kl_in == "loss":
         batch["ref_logprobs"] = pen_logprobs
-        if kl_cfg.kl_estimator == "full":
+        if kl_cfg.kl_estimator in FULL:
             batch["ref_logits"] = pen_logits
-    info = dict(scores=scores, truncated=truncated, rewards=rewards, mask=mask,
+    info = dict(scores=scores, reward=reward, gold=gold, truncated=truncated, rewards=rewards, mask=mask,
                 advantages=torch.where(mask, advantages, 0.0),            # (B, R) before whitening: inspect page
                 kl=torch.where(mask, kl, 0.0),                            # (B, R) the estimator, as penalised
                 non_score=torch.where(mask, -beta * in_reward, 0.0).sum(1),  # (B,) the penalty the rewards hold
@@ -165,7 +170,7 @@ def ppo_update(actor, critic, opts, guards, batch, cfg, temperature, beta=0.0, k
     which is 0 when the old log-probs come from the policy that sampled the batch."""
     B = batch["response"].size(0)
     stats = defaultdict(list)
-    actor_params, critic_params = list(actor.parameters()), list(critic.parameters())
+    actor_params = list(actor.parameters())
     for epoch in range(cfg.ppo_epochs):
         perm = torch.randperm(B)
         for i in range(0, B, cfg.minibatch_size):
@@ -189,13 +194,15 @@ def ppo_update(actor, critic, opts, guards, batch, cfg, temperature, beta=0.0, k
             if cfg.ptx_coef > 0:                                     # InstructGPT's pretraining mix
                 _, ptx_loss = actor(*ptx_batch())
                 actor_loss = actor_loss + cfg.ptx_coef * ptx_loss
-            vpred = response_values(critic, q, qm, resp)                                        # (b, R)
-            vf_loss, vf_clipfrac = value_loss(vpred, mb["values"], mb["returns"], mask, cfg.cliprange_value)
+            vf_loss = vf_clipfrac = torch.zeros(())
+            if critic is not None:                            # grpo, rloo: no critic, no value loss (opts: the actor's)
+                vpred = response_values(critic, q, qm, resp)                                    # (b, R)
+                vf_loss, vf_clipfrac = value_loss(vpred, mb["values"], mb["returns"], mask, cfg.cliprange_value)
+                guards[1].step(vf_loss, opts[1], list(critic.parameters()), cfg.max_grad_norm)
             if not stats["ratio_dev_first"]:
                 dev = (torch.exp(logprobs - mb["old_logprobs"]) - 1).abs()
                 stats["ratio_dev_first"].append(torch.where(mask, dev, 0.0).max().item())
             guards[0].step(actor_loss, opts[0], actor_params, cfg.max_grad_norm)
-            guards[1].step(vf_loss, opts[1], critic_params, cfg.max_grad_norm)
             for k, v in dict(pg_loss=pg_loss, vf_loss=vf_loss, clipfrac=clipfrac, approxkl=approxkl, ratio=ratio,
                              vf_clipfrac=vf_clipfrac, entropy=entropy, kl_loss=kl_loss,
                              ptx_loss=ptx_loss).items():
@@ -203,46 +210,46 @@ def ppo_update(actor, critic, opts, guards, batch, cfg, temperature, beta=0.0, k
     return {k: sum(v) / len(v) for k, v in stats.items()}
 
 
-def pretraining_batches(cfg, gen):
-    """A function giving minibatch_size random windows (x, y) of block_size + 1 tokens from out_dir's train.bin,
-    drawn with `gen` (checkpointed with the run)."""
+def pretraining_batches(cfg, gen, n):
+    """A function giving n random windows (x, y) of block_size + 1 tokens from out_dir's train.bin, drawn with
+    `gen` (checkpointed with the run). Under torchrun each rank draws its own n = minibatch_size / world."""
     d = np.memmap(os.path.join(cfg.run.out_dir, "train.bin"), dtype=np.uint16, mode="r")
-    n, block = cfg.ppo.minibatch_size, cfg.gpt.block_size
-
-    return lambda: data.windows(d, n, block, gen, cfg.run.device)                        # (n, T), (n, T)
+    return lambda: data.windows(d, n, cfg.gpt.block_size, gen, cfg.run.device)          # (n, T), (n, T)
 
 
 def make_optimizers(actor, critic, cfg):
     """One AdamW each: the critic's loss never reaches the actor's step or its gradient clip. The actor's holds only
-    what it trains (--ref=lora: the adapters; --ref=shared_n: the top blocks)."""
-    return (adamw([p for p in actor.parameters() if p.requires_grad], cfg.ppo_lr, eps=1e-5, weight_decay=0.0),
-            adamw(critic.parameters(), cfg.vf_lr, eps=1e-5, weight_decay=0.0))
+    what it trains (--ref=lora: the adapters; --ref=shared_n: the top blocks). No critic: the actor's alone."""
+    opts = (adamw([p for p in actor.parameters() if p.requires_grad], cfg.ppo_lr, eps=1e-5, weight_decay=0.0),)
+    return opts if critic is None else opts + (adamw(critic.parameters(), cfg.vf_lr, eps=1e-5, weight_decay=0.0),)
 
 
-def train_ppo(actor, critic, ref, rm, enc, prompts, cfg, run_dir, stamp, log=print):
-    """PPO from the given actor and critic (both trained in place) against the frozen reference `ref` and the
-    reward model `rm`. Writes run_dir/metrics.jsonl every iteration and run_dir/ppo_state.pt every save_interval
-    iterations; a state whose `stamp` (config and input hashes) matches is resumed, so an interrupted run ends
-    with the same numbers as an uninterrupted one. Returns (metrics rows, final β)."""
+def train_ppo(actor, critic, ref, rm, enc, prompts, cfg, run_dir, stamp, log=print, gold_norm=(0.0, 1.0)):
+    """PPO from the given actor and critic (both trained in place; None: grpo, rloo) against the frozen reference
+    `ref` and the reward model `rm` (gold_norm: --reward=gold's). Writes run_dir/metrics.jsonl every iteration and
+    run_dir/ppo_state.pt every save_interval iterations; a state whose `stamp` (config and input hashes) matches is
+    resumed, so an interrupted run ends with the same numbers as an uninterrupted one. Returns (metrics, final β)."""
     run, kc, pc = cfg.run, cfg.kl, cfg.ppo
-    eos, device = enc.eot_token, run.device
+    eos, device, G = enc.eot_token, run.device, 1 if pc.advantage == "gae" else pc.group_size   # G rows per prompt
     n_ranks, rank = dist.world(), dist.rank()                  # torchrun: each rank samples and trains on its share
     local = replace(pc, rollout_batch=pc.rollout_batch // n_ranks, minibatch_size=pc.minibatch_size // n_ranks)
     opts = make_optimizers(actor, critic, pc)
     guards = (StepGuard("PPO (actor)"), StepGuard("PPO (critic)"))
     kl_ctl = make_kl_controller(kc, pc.ppo_iters * pc.rollout_batch)
     pen_ref = ref                       # the penalty's reference: ref until rolling, sync or reset replaces it
-    rollback = Rollback(cfg.ref.rollback_beta_factor) if cfg.ref.kl_max else None    # --kl_max: the last good state
+    rollback = Rollback(cfg.ref) if cfg.ref.kl_max else None          # --kl_max: the last good state
     prompt_gen = torch.Generator().manual_seed(run.seed)
-    ptx_gen = torch.Generator().manual_seed(run.seed + 7)           # its own stream: ptx_coef=0 changes nothing
-    ptx_batch = pretraining_batches(cfg, ptx_gen) if pc.ptx_coef > 0 else None
+    ptx_gen = torch.Generator().manual_seed(run.seed + 7 + 1000003 * rank)   # own stream (ptx_coef=0 changes
+    ptx_batch = pretraining_batches(cfg, ptx_gen, local.minibatch_size) if pc.ptx_coef > 0 else None   # nothing)
     metrics, start = [], 0
     dist.seed_rank(run.seed)                                   # torchrun: each rank its own sampling noise
     state_path, metrics_path = os.path.join(run_dir, "ppo_state.pt"), os.path.join(run_dir, "metrics.jsonl")
     if os.path.exists(state_path):
         s = store.load_torch(state_path)                   # on the CPU: RNG states must stay there
         if s["stamp"] == stamp:                    # same config, same inputs: go on where it stopped
-            load_trainable(actor, s["actor"]); critic.load_state_dict(s["critic"])   # frozen weights: from ref.pt
+            load_trainable(actor, s["actor"])                                   # frozen weights: from ref.pt
+            if critic is not None:
+                critic.load_state_dict(s["critic"])
             for o, sd in zip(opts, s["opts"]):
                 o.load_state_dict(sd)
             for g, n in zip(guards, s["skipped"]):
@@ -253,8 +260,8 @@ def train_ppo(actor, critic, ref, rm, enc, prompts, cfg, run_dir, stamp, log=pri
                 pen_ref.model.load_state_dict(s["pen_ref"])
             if rollback is not None:
                 rollback.load_state_dict(s["rollback"])
-            prompt_gen.set_state(s["prompt_gen"]); ptx_gen.set_state(s["ptx_gen"])
-            set_rng_states(dist.mine(s["rng"], state_path))          # torchrun: this rank's own streams
+            prompt_gen.set_state(s["prompt_gen"])
+            set_rng_states(rng := dist.mine(s["rng"], state_path)); ptx_gen.set_state(rng["ptx"])  # this rank's
             metrics, start = s["metrics"], s["iter"]
             log(f"ppo: resuming from {state_path} after iteration {start}")
         else:
@@ -263,29 +270,30 @@ def train_ppo(actor, critic, ref, rm, enc, prompts, cfg, run_dir, stamp, log=pri
     # ---- ppo loop ----
     for it in range(start, pc.ppo_iters):
         t_it = time.time()
-        idx = torch.randint(len(prompts), (pc.rollout_batch,), generator=prompt_gen).tolist()
+        idx = torch.randint(len(prompts), (pc.rollout_batch // G,), generator=prompt_gen).repeat_interleave(G).tolist()
         idx = idx[rank * local.rollout_batch:(rank + 1) * local.rollout_batch]             # torchrun: this rank's
         batch_prompts = [prompts[i] for i in idx]
         q, qm = (x.to(device) for x in encode_prompts(enc, batch_prompts))                      # (B, Tp)
-        actor.eval(); critic.eval()                                # dropout off during RL; gradients still flow
+        for m in (actor, critic) if critic is not None else (actor,):
+            m.eval()                                               # dropout off during RL; gradients still flow
         def rollout():
             # 1. rollout: the actor as it is now is the rollout policy π_θ_old
             resp, _ = actor.generate(q, run.response_length, run.temperature, eos=eos, mask=qm)    # (B, R)
+            gold = gold_scores(enc, batch_prompts, resp)                                           # (B,)
             # 2. experience
             return resp, kl_ctl.value, *make_experience(actor, critic, ref, pen_ref, rm, q, qm, resp, eos,
-                                                        kl_ctl.value, kc, pc, run.temperature)
+                                                        kl_ctl.value, kc, pc, run.temperature, gold, gold_norm)
         resp, beta, batch, info = rollout()
-        if rollback is not None:          # --kl_max: above it, back to the last state under it, β up, rollout redone
-            kl_now = dist.all_reduce(info["kl_exact"].mean().item(), "mean")      # torchrun: one decision for all
-            if kl_now > cfg.ref.kl_max and rollback.state is not None:
-                rollback.restore(actor, critic, opts, kl_ctl)
-                resp, beta, batch, info = rollout()
-                kl_now = dist.all_reduce(info["kl_exact"].mean().item(), "mean")
-            if kl_now <= cfg.ref.kl_max:
-                rollback.keep(actor, critic, opts, kl_ctl)         # under the limit: the state to come back to
         if it == 0 and ref.exact and dist.all_reduce(info["kl_exact"].abs().max(), "max") > 1e-6:
             raise RunError(f"the first rollout is {info['kl_exact'].max().item():.3g} nats from the reference, not 0: "
                            "the actor does not start as the reference (a stale ref.pt?); redo with --fresh")
+        kl_first = info["kl_exact"].mean().item()                 # the rollout --kl_max judges (logged, even if redone)
+        moving = lambda: None if pen_ref is ref else pen_ref      # a moving anchor is rolled back with the actor
+        if rollback and rollback.above(dist.all_reduce(kl_first, "mean")):     # torchrun: one decision for all
+            pen_ref = rollback.restore(actor, critic, opts, kl_ctl, moving()) or ref    # last state under, β up
+            resp, beta, batch, info = rollout()                                          # and the rollout redone
+        if rollback and dist.all_reduce(info["kl_exact"].mean().item(), "mean") <= cfg.ref.kl_max:
+            rollback.keep(actor, critic, opts, kl_ctl, moving())         # under the limit: the state to come back to
         snapshot = Reference(actor) if kc.ref_update == "rolling" else None     # this iteration's policy, frozen
         # 3. update
         stats = ppo_update(actor, critic, opts, guards, batch, local, run.temperature, beta, kc, ptx_batch)
@@ -299,20 +307,18 @@ def train_ppo(actor, critic, ref, rm, enc, prompts, cfg, run_dir, stamp, log=pri
             pen_ref.mix(actor, kc.ref_sync_alpha if kc.ref_update == "sync" else 1.0)
         # 5. log
         mask, scores = info["mask"], info["scores"]
-        texts = [enc.decode(r[m].tolist()) for r, m in zip(resp.cpu(), mask.cpu())]
-        gold = [data.gold_score(p, t) for p, t in zip(batch_prompts, texts)]
         n_tok, dt = mask.sum().item(), time.time() - t_it
         row = {"iter": it + 1, "objective/kl": info["kl_exact"].mean().item(),
                "objective/kl_penalized": info["kl_pen"].mean().item(),
                "objective/kl_estimate": info["kl"].sum(1).mean().item(), "objective/kl_coef": beta,
-               "objective/scores": scores.mean().item(), "objective/gold": sum(gold) / len(gold),
+               "objective/scores": scores.mean().item(), "objective/gold": info["gold"].mean().item(),
                "objective/non_score_reward": info["non_score"].mean().item(),
-               "objective/rlhf_reward": (scores + info["non_score"]).mean().item(),
+               "objective/rlhf_reward": (info["reward"] + info["non_score"]).mean().item(),
                "objective/missing_eos": info["truncated"].float().mean().item(), "objective/entropy": stats["entropy"],
                "policy/clipfrac_avg": stats["clipfrac"], "policy/approxkl_avg": stats["approxkl"],
                "policy/ratio_dev_first": stats["ratio_dev_first"],
                "policy/skipped_updates": guards[0].skipped + guards[1].skipped,
-               "policy/rollbacks": rollback.count if rollback else 0,
+               "policy/rollbacks": rollback.count if rollback else 0, "policy/kl_before_rollback": kl_first,
                "loss/policy_avg": stats["pg_loss"], "loss/value_avg": stats["vf_loss"], "loss/kl_avg": stats["kl_loss"],
                "loss/ptx_avg": stats["ptx_loss"],
                "val/clipfrac_avg": stats["vf_clipfrac"], "val/ratio": stats["ratio"],
@@ -331,12 +337,13 @@ def train_ppo(actor, critic, ref, rm, enc, prompts, cfg, run_dir, stamp, log=pri
             f"vf {row['loss/value_avg']:.3f} | len {row['val/response_length']:.1f} | "
             f"{row['time/tokens_per_second']:.0f} tok/s | eta {int(eta // 60)}m{int(eta % 60):02d}s")
         if (it + 1) % pc.save_interval == 0 or it + 1 == pc.ppo_iters:
-            rng = dist.gather_objects(rng_states())            # torchrun: every rank's streams
+            rng = dist.gather_objects(dict(rng_states(), ptx=ptx_gen.get_state()))     # torchrun: every rank's
             if dist.is_main():
-                store.save_torch(dict(stamp=stamp, iter=it + 1, actor=actor.state_dict(), critic=critic.state_dict(),
+                store.save_torch(dict(stamp=stamp, iter=it + 1, actor=actor.state_dict(),
+                                      critic=None if critic is None else critic.state_dict(),
                                       opts=[o.state_dict() for o in opts], skipped=[g.skipped for g in guards],
                                       kl_ctl=asdict(kl_ctl), prompt_gen=prompt_gen.get_state(),
-                                      ptx_gen=ptx_gen.get_state(), rng=rng,
+                                      rng=rng,
                                       pen_ref=None if pen_ref is ref else pen_ref.model.state_dict(),
                                       rollback=rollback.state_dict() if rollback else None,
                                       metrics=metrics), state_path)

@@ -15,7 +15,8 @@ full, lora and shared_n start at exactly KL 0; half and quantized references do 
 measures it).
 A moving anchor (ppo.py, --ref_update=sync or reset) is a second, full Reference that `mix` moves towards the actor;
 the frozen π_ref stays bit for bit the pretrained model. `memory_bytes` says what each choice holds. `Rollback`
-(--kl_max): restore the last state under the limit, with β raised (again at each restore).
+(--kl_max): restore the last state under the limit (the moving anchor with it), with β raised (again at each
+restore); a run whose first rollout is above, or that restores one state rollback_max_in_row times in a row, stops.
     python bench.py --refs --out_dir=out   # bytes and step-0 KL to the full ref of every option (main run's models)
 Left out: quantized activations, double quantization of the scales, merging adapters during training.
 """
@@ -25,7 +26,7 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from config import arg
+from config import arg, RunError
 from model import GPT, GPTConfig, response_logits, token_logprobs
 
 KINDS = ["full", "bf16", "fp16", "int8", "nf4", "lora", "shared_<n>"]
@@ -39,12 +40,14 @@ class RefConfig:
     lora_rank: int = arg(8, ">0", "lora: rank of each adapter")
     lora_alpha: float = arg(16.0, ">0", "lora: adapters scaled by lora_alpha / lora_rank")
     kl_max: float = arg(0.0, ">=0", "rollback when a rollout's exact KL to the reference exceeds this "
-                        "(nats/sequence; 0 = off)")
+                        "(nats/sequence; 0 = off; a first rollout above it stops the run, exit 2)")
     rollback_beta_factor: float = arg(2.0, ">0", "β is multiplied by this at each rollback")
+    rollback_max_in_row: int = arg(5, ">0", "stop the run after this many rollbacks in a row to one state (more β "
+                                   "cannot hold an update whose own step leaves kl_max)")
 
 
 def check(cfg):
-    """Why cfg.ref's values cannot work, in one line; None when they can (config.check calls it)."""
+    """Why cfg.ref's values cannot work, in one line; None when they can (train.parse calls it)."""
     r, n_layer = cfg.ref, cfg.gpt.n_layer
     m = re.fullmatch(r"shared_(\d+)", r.ref)
     if r.ref not in KINDS and not m:
@@ -146,12 +149,12 @@ class QuantLinear(nn.Module):
         return F.linear(x, w, self.bias)
 
 
-def replace_linears(model, make):
-    """Every nn.Linear inside the blocks (attention and MLP) -> make(linear); the output layer is left alone."""
+def replace_linears(model, make, kind=nn.Linear):
+    """Every `kind` (nn.Linear) inside the blocks (attention and MLP) -> make(it); the output layer is left alone."""
     for block in model.blocks:
         for parent in [block.attn, block.mlp]:
             for name, child in parent.named_children():
-                if isinstance(child, nn.Linear):
+                if isinstance(child, kind):
                     setattr(parent, name, make(child))
     return model
 
@@ -195,13 +198,7 @@ def plain_actor(actor):
     """The actor as a plain GPT (adapters merged) for actor.pt; the actor itself when it has no adapters."""
     if not any(isinstance(m, LoRALinear) for m in actor.modules()):
         return actor
-    model = copy.deepcopy(actor)
-    for block in model.blocks:
-        for parent in [block.attn, block.mlp]:
-            for name, child in parent.named_children():
-                if isinstance(child, LoRALinear):
-                    setattr(parent, name, child.merged())
-    return model
+    return replace_linears(copy.deepcopy(actor), LoRALinear.merged, LoRALinear)
 
 
 # ---- choosing the reference ----
@@ -276,30 +273,54 @@ def load_trainable(model, state):
 
 # ---- the KL rollback ----
 class Rollback:
-    """The last state whose rollout was under kl_max: actor (trainable part), critic, both optimizers, β controller.
-    `keep` after a rollout under the limit; `restore` after one above it: that state back, β x factor."""
+    """The last state whose rollout was under kl_max: actor (trainable part), critic, both optimizers, β controller,
+    and a moving anchor (rolling, sync, reset: it moved with the actor, so it comes back with it). `above(kl)` judges
+    each iteration's first rollout, `restore` brings the state back with β x factor, `keep` follows a rollout under.
+    RunError where a restore cannot help: no state yet (the first rollout is above), or max_in_row restores in a
+    row to one state (β alone cannot hold the update's own step; at π_θ = π_ref the KL's gradient is 0)."""
 
-    def __init__(self, factor):
-        self.factor, self.state, self.count = factor, None, 0
+    def __init__(self, cfg):
+        self.kl_max, self.factor, self.max_in_row = cfg.kl_max, cfg.rollback_beta_factor, cfg.rollback_max_in_row
+        self.state, self.count, self.in_row = None, 0, 0
 
-    def keep(self, actor, critic, opts, kl_ctl):
-        self.state = dict(actor=trainable_state(actor), critic={k: v.clone() for k, v in critic.state_dict().items()},
-                          opts=[copy.deepcopy(o.state_dict()) for o in opts], kl_ctl=asdict(kl_ctl))
+    def above(self, kl):
+        if kl <= self.kl_max:
+            self.in_row = 0                     # an update stayed under the limit: progress
+            return False
+        if self.state is None:
+            raise RunError(f"the first rollout is {kl:.3g} nats from the reference, above --kl_max={self.kl_max}, "
+                           "so the rollback has no state to return to: raise --kl_max, or use --ref=full")
+        if self.in_row == self.max_in_row:
+            raise RunError(f"the KL rollback restored one state {self.in_row} times in a row (β x"
+                           f"{self.factor ** self.in_row:.3g}) and each update from it left --kl_max={self.kl_max}: "
+                           "lower --ppo_lr, raise --kl_max, or allow more with --rollback_max_in_row", 1)
+        return True
 
-    def restore(self, actor, critic, opts, kl_ctl):
+    def keep(self, actor, critic, opts, kl_ctl, anchor=None):        # anchor None: the frozen π_ref
+        clone = lambda sd: {k: v.clone() for k, v in sd.items()}
+        self.state = dict(actor=trainable_state(actor), kl_ctl=asdict(kl_ctl),       # critic None: grpo, rloo
+                          critic=None if critic is None else clone(critic.state_dict()),
+                          opts=[copy.deepcopy(o.state_dict()) for o in opts],
+                          anchor=anchor and clone(anchor.model.state_dict()))
+
+    def restore(self, actor, critic, opts, kl_ctl, anchor=None):
+        """The kept state back into the models; returns the anchor to use (None: the frozen π_ref)."""
         s = self.state
-        load_trainable(actor, s["actor"]); critic.load_state_dict(s["critic"])
+        load_trainable(actor, s["actor"])
+        if critic is not None:
+            critic.load_state_dict(s["critic"])
         for o, sd in zip(opts, s["opts"]):
             o.load_state_dict(copy.deepcopy(sd))       # a copy: the optimizer would update the snapshot in place
-        kl_ctl.__dict__.update(s["kl_ctl"])
-        for k in ("value", "start", "end"):            # the linear schedule recomputes value from start and end
-            if hasattr(kl_ctl, k):
-                setattr(kl_ctl, k, getattr(kl_ctl, k) * self.factor)
+        kl_ctl.__dict__.update({k: v * self.factor if k in ("value", "start", "end") else v     # linear: value
+                                for k, v in s["kl_ctl"].items()})              # is recomputed from start and end
         s["kl_ctl"] = asdict(kl_ctl)        # the raised β is kept: a second restore to this state raises it again
-        self.count += 1
+        self.count, self.in_row = self.count + 1, self.in_row + 1
+        if s["anchor"] is not None:
+            (anchor := anchor or Reference(actor)).model.load_state_dict(s["anchor"])
+        return anchor if s["anchor"] is not None else None
 
     def state_dict(self):
-        return dict(state=self.state, count=self.count)
+        return dict(state=self.state, count=self.count, in_row=self.in_row)
 
     def load_state_dict(self, d):
-        self.state, self.count = d["state"], d["count"]
+        self.state, self.count, self.in_row = d["state"], d["count"], d["in_row"]

@@ -6,6 +6,8 @@ with the Bradley-Terry loss  -log σ(r_chosen - r_rejected)  on the score read a
 pairs of about the same length, then normalised (gain, bias) so that responses of the pretrained policy score mean 0,
 std 1. The critic (ppo.py) is a copy of this model. Run via `python train.py --stage=reward`. Under torchrun each
 rank trains on its share of every batch of pairs (dist.py); the scalar is computed in fp32 even under bf16.
+--reward=gold puts the simulated human in its place (`gold_scores`), in the same units: `gold_normaliser` is the
+mean and std of the gold scores of the same pretrained samples (prefs.jsonl).
 Left out: ensembles, margin losses, reward-model uncertainty.
 """
 import copy, random
@@ -97,6 +99,20 @@ def score(model, seqs, pad_id, batch=256):
         dev = next(model.parameters()).device
         out.append(model(idx.to(dev), mask.to(dev))[:, -1])
     return torch.cat(out)
+
+
+def gold_scores(enc, prompts, response):
+    """The simulated human's scores (B,) of responses (B, R) (up to end-of-text) to their prompts (text)."""
+    mask = response_mask(response, enc.eot_token).cpu()                                    # (B, R)
+    return torch.tensor([data.gold_score(p, enc.decode(r[m].tolist()))
+                         for p, r, m in zip(prompts, response.cpu(), mask)], dtype=torch.float64)   # (B,)
+
+
+def gold_normaliser(rows):
+    """(mean, std) of the gold scores of prefs.jsonl's rows, both samples of each: the pretrained policy's, the
+    samples the reward model is normalised on, so a normalised gold score is in the reward model's units."""
+    gold = torch.tensor([g for row in rows for g in (row["gold_a"], row["gold_b"])], dtype=torch.float64)
+    return gold.mean().item(), gold.std().clamp(min=1e-6).item()           # std with n - 1, as the reward model's
 
 
 def bt_loss(r_chosen, r_rejected):

@@ -17,14 +17,16 @@ import torch
 
 import data, dist, store, tokenizer
 from config import WorldConfig, PretrainConfig, check_world, fields
-from evaluate import evaluate_policy, judge_texts, plot_metrics, sample_texts, step0_kl, write_report
+from evaluate import (best_of_k, evaluate_policy, judge_texts, plot_bestofk, plot_metrics, sample_texts, step0_kl,
+                      write_report)
 from inspect_page import stage_inspect
 from kl import KLConfig
 from model import (GPT, GPTConfig, StepGuard, adamw, load_checkpoint, rng_states, save_checkpoint, set_rng_states)
 from ppo import PPOConfig, train_ppo
 import ref as refs
 from ref import Reference, RefConfig
-from reward import RewardConfig, load_scalar_model, make_preferences, save_scalar_model, train_reward_model
+from reward import (RewardConfig, gold_normaliser, load_scalar_model, make_preferences, save_scalar_model,
+                    train_reward_model)
 
 
 def seed_everything(seed):
@@ -180,18 +182,27 @@ def run_ppo(cfg, base, run_dir, stamp, log=print):
     actor, ref, rm = load_models(base, run.device)
     actor, ref = refs.make_reference(actor, ref.model, cfg.ref)      # --ref=full: the same two models
     memory = refs.memory_bytes(actor, ref)
-    critic = copy.deepcopy(rm).requires_grad_(True)                  # the critic starts as the reward model
-    metrics, beta = train_ppo(actor, critic, ref, rm, enc, prompts["train"], cfg, run_dir, stamp, log)
+    critic = copy.deepcopy(rm).requires_grad_(True) if cfg.ppo.advantage == "gae" else None   # starts as the rm
+    gold_norm = gold_normaliser(store.load_json(os.path.join(base, "prefs.jsonl"), lines=True))   # pretrained samples
+    metrics, beta = train_ppo(actor, critic, ref, rm, enc, prompts["train"], cfg, run_dir, stamp, log, gold_norm)
     if not dist.is_main():                                           # torchrun: rank 0 evaluates and writes
         return None
     save_checkpoint(refs.plain_actor(actor), os.path.join(run_dir, "actor.pt"))    # lora: adapters merged
-    save_scalar_model(critic, os.path.join(run_dir, "critic.pt"))    # the inspect page's per-token advantages
+    store.remove(os.path.join(run_dir, "critic.pt"))                 # grpo, rloo: none (and no stale one)
+    if critic is not None:
+        save_scalar_model(critic, os.path.join(run_dir, "critic.pt"))    # the inspect page's per-token advantages
     full_ref = Reference(load_checkpoint(os.path.join(base, "ref.pt"), run.device)[0])
     unchanged = refs.unchanged(ref, full_ref.model, cfg.ref)
     seed_everything(run.seed + 1)
     final, _ = evaluate_policy(actor, enc, prompts["heldout"], run, full_ref, rm, cfg.ppo.n_eval)  # KL to full ref
     summary = dict(final=final, reference_unchanged=unchanged, kl_coef_final=beta, stamp=stamp,
                    skipped_updates=metrics[-1]["policy/skipped_updates"], seconds=metrics[-1]["time/elapsed"])
+    seed_everything(run.seed + 2)                                   # n samples per held-out prompt
+    summary.update(bestofk=best_of_k(actor, enc, prompts["heldout"], run, cfg.ppo.bestofk_n, cfg.ppo.pass_gold,
+                                     cfg.ppo.n_eval),
+                   gold_norm=dict(mean=gold_norm[0], std=gold_norm[1]),
+                   entropy=float(np.mean([r["objective/entropy"] for r in metrics[-10:]])),    # the last 10 iters
+                   critic_bytes=0 if critic is None else 16 * sum(p.numel() for p in critic.parameters()))
     own, step0 = final["kl"], 0.0                                   # full: the same model; exact: 0 at step 0,
     if cfg.ref.ref != "full":                                        # checked at the first rollout
         seed_everything(run.seed + 1)                               # the same samples, scored by the run's ref
@@ -231,6 +242,10 @@ def stage_report(cfg, stamp):
     for name, model in (("pretrained", pre), ("rlhf", rlhf)):
         seed_everything(run.seed + 1)                                 # same prompts, same sampling noise
         res[name], samples[name] = evaluate_policy(model, enc, heldout, run, ref, rm, cfg.ppo.n_eval)
+        seed_everything(run.seed + 2)
+        res[name]["bestofk"] = best_of_k(model, enc, heldout, run, cfg.ppo.bestofk_n, cfg.ppo.pass_gold,
+                                         cfg.ppo.n_eval)
+    plot_bestofk({name: r["bestofk"] for name, r in res.items()}, path(cfg, "bestofk.png"))
     timings = store.load_json(path(cfg, "timings.json")) if os.path.exists(path(cfg, "timings.json")) else {}
     print(write_report(path(cfg, "report.md"), res, samples, cfg.ppo.n_eval, run.temperature, timings))
     store.save_json(path(cfg, "report.json"), dict(res, seconds=timings))
@@ -260,11 +275,11 @@ STAGES = [
     Stage("preferences", stage_preferences, ["pretrain.pt"] + TOK, ["prefs.jsonl"], _SAMPLING + ["n_pairs"], None),
     Stage("reward", stage_reward, ["pretrain.pt", "prefs.jsonl"], ["reward.pt", "reward.json"],
           ["seed", "dtype"] + _names(RewardConfig), None),
-    Stage("ppo", stage_ppo, ["pretrain.pt", "ref.pt", "reward.pt", "train.bin"] + TOK,   # train.bin: ptx
-          ["actor.pt", "critic.pt", "metrics.jsonl", "ppo.json", "ppo.png"],
+    Stage("ppo", stage_ppo, ["pretrain.pt", "ref.pt", "reward.pt", "train.bin", "prefs.jsonl"] + TOK,  # ptx, gold
+          ["actor.pt", "critic.pt", "metrics.jsonl", "ppo.json", "ppo.png"],                  # critic.pt: gae only
           _SAMPLING + [n for n in _names(KLConfig, PPOConfig, RefConfig) if n != "save_interval"], "ppo_state.pt"),
     Stage("report", stage_report, ["pretrain.pt", "actor.pt", "ref.pt", "reward.pt"] + TOK,
-          ["report.md", "report.json"], _SAMPLING + ["n_eval"], None),
+          ["report.md", "report.json", "bestofk.png"], _SAMPLING + ["n_eval", "bestofk_n", "pass_gold"], None),
 ]
 SAMPLE = Stage("sample", stage_sample, ["actor.pt"] + TOK, [], [], None)
 INSPECT = Stage("inspect", stage_inspect, ["pretrain.pt", "ref.pt", "reward.pt"] + TOK, [], [], None)  # inspect.html

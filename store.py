@@ -5,6 +5,7 @@ Every file tether writes goes to a temporary name in the same folder and is rena
 either the old file or the new one, never a torn one. `out_dir/stages.json` holds one record per finished stage:
 {"config": {field: value}, "inputs": {file: sha256}, "outputs": {file: sha256}}; train.py compares it with the
 current flags and files before any work. `Lock` keeps a second run out of a folder (released by the OS on kill).
+A worker process whose parent is gone writes nothing more (`stop_writing_if_orphaned`, used by ablate.py).
 Left out: locking on network file systems, garbage collection of old run folders.
 """
 import contextlib, hashlib, json, os, signal, threading
@@ -31,7 +32,24 @@ def _hold_ctrl_c():
         raise KeyboardInterrupt
 
 
+_parent = None          # set in ablate.py's workers: the process whose death stops this one before its next write
+
+
+def stop_writing_if_orphaned(parent_pid):
+    """For a worker process: from now on every write first checks that parent_pid is still this process's parent;
+    when it is not (the parent was killed), the process exits at once and writes nothing more. Checked now too."""
+    global _parent
+    _parent = parent_pid
+    _check_parent()
+
+
+def _check_parent():
+    if _parent is not None and os.getppid() != _parent:
+        os._exit(1)                                 # no cleanup that writes: nobody is left to read the results
+
+
 def _atomic(path, write, mode):
+    _check_parent()
     tmp = f"{path}.tmp{os.getpid()}"
     try:
         with _hold_ctrl_c():                        # Ctrl-C here: the new file is written, then the interrupt

@@ -14,6 +14,12 @@ import numpy as np
 DEFAULT_CONDITION = "adaptive"  # the paired comparisons are against this row (the main run's settings)
 COLUMNS = ["proxy_mean", "gold_mean", "kl", "ref_ppl", "distinct_1", "distinct_2", "repetition_rate",
            "wellformed_rate", "eos_rate", "seconds"]
+def verifiable_columns(k):
+    """The verifiable suite's columns: variety and best-of-k (k the largest evaluated) next to gold, and what the
+    critic costs (s_per_iter, critic_mb); and the columns its paired differences show."""
+    return (["gold_mean", "proxy_mean", "kl", "wellformed_rate", "distinct_2", "entropy", f"best_{k}", "pass_1",
+             f"pass_{k}", "s_per_iter", "critic_mb"],
+            ("gold_mean", "kl", "entropy", f"best_{k}", "pass_1", f"pass_{k}"))
 
 
 def bootstrap_ci(x, level=0.95, n_boot=10000, seed=0):
@@ -38,16 +44,43 @@ def verdict(ci):
     return f"{mean:+.3f} [{lo:+.3f}, {hi:+.3f}]" + (" not separated" if lo <= 0 <= hi else "")
 
 
-def summarise(rows, order, base=DEFAULT_CONDITION, paired=("gold_mean", "kl", "proxy_mean")):
+def bestofk_cells(b):
+    """best_k and pass_k columns (k = 1, 2, 4, 8, 16) from evaluate.best_of_k's dict."""
+    return {**{f"best_{k}": v for k, v in zip(b["k"], b["best"])},
+            **{f"pass_{k}": v for k, v in zip(b["k"], b["pass_at"])}}
+
+
+def bestofk_curves(rows, order, pass_gold, ks=(1, 2, 4, 8, 16)):
+    """{condition: the mean over seeds of its best-of-k and pass@k curves}, as evaluate.plot_bestofk takes them."""
+    mean = lambda c, col: float(np.mean([r[col] for r in rows if r["condition"] == c]))
+    return {c: dict(k=list(ks), pass_gold=pass_gold, best=[mean(c, f"best_{k}") for k in ks],
+                    pass_at=[mean(c, f"pass_{k}") for k in ks])
+            for c in order if any(r["condition"] == c for r in rows)}
+
+
+def bestofk_table(rows, order):
+    """Markdown: expected best gold of k and pass@k for every k, mean over seeds, per condition."""
+    ks = sorted(int(c[5:]) for c in rows[0] if c.startswith("best_"))
+    lines = ["| condition | " + " | ".join(f"best of {k}" for k in ks) + " | " + " | ".join(f"pass@{k}" for k in ks)
+             + " |", "|---" * (2 * len(ks) + 1) + "|"]
+    for cond in order:
+        rs = [r for r in rows if r["condition"] == cond]
+        if rs:
+            lines.append(f"| {cond} | " + " | ".join(f"{np.mean([r[f'{c}_{k}'] for r in rs]):.3f}" for c in
+                                                     ("best", "pass") for k in ks) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def summarise(rows, order, base=DEFAULT_CONDITION, paired=("gold_mean", "kl", "proxy_mean"), columns=COLUMNS):
     """Markdown: mean [95 % bootstrap interval over seeds] per condition; then each condition minus `base` (or the
     suite's first condition), paired over seeds, where an interval that holds 0 reads "not separated"."""
     base = base if base in order else next((c for c in order if c != "pretrained"), None)   # a suite without it
-    lines = ["| condition | seeds | " + " | ".join(COLUMNS) + " |", "|---" * (len(COLUMNS) + 2) + "|"]
+    lines = ["| condition | seeds | " + " | ".join(columns) + " |", "|---" * (len(columns) + 2) + "|"]
     for cond in order:
         rs = [r for r in rows if r["condition"] == cond]
         if rs:
             cells = ["{:.3f} [{:.3f}, {:.3f}]".format(*bootstrap_ci([r[c] for r in rs])) if len(rs) > 1
-                     else f"{rs[0][c]:.3f}" for c in COLUMNS]                       # one seed: no interval
+                     else f"{rs[0][c]:.3f}" for c in columns]                       # one seed: no interval
             lines.append(f"| {cond} | {','.join(str(r['seed']) for r in rs)} | " + " | ".join(cells) + " |")
     if base and len({r["seed"] for r in rows if r["condition"] == base}) < 2:
         lines += ["", "One seed: no intervals, no paired differences (run --seeds=3 or more)."]

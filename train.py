@@ -21,7 +21,7 @@ Left out: resuming the preferences and reward stages half way.
 import dataclasses, os, sys, time
 import torch
 
-import dist, store, tokenizer
+import dist, grpo, kl, store, tokenizer
 import ref as refs
 from config import RunConfig, WorldConfig, PretrainConfig, check, die, parse_args
 from errors import RunError
@@ -39,14 +39,16 @@ GROUPS = dict(run=RunConfig, world=WorldConfig, gpt=GPTConfig, pretrain=Pretrain
 
 def parse(argv):
     """The flags, checked: alone (config.check), then what needs another file: batch sizes the torchrun processes
-    must share equally (dist), the --ref kinds the model's depth allows (ref) and, for --tokenizer=gpt2, tiktoken's
-    files in its cache (tokenizer). Bad input: one line, exit 2."""
+    must share equally (dist), the --ref kinds the model's depth allows (ref), where an estimator may go (kl), the
+    group sizes a rollout can hold (grpo) and, for --tokenizer=gpt2, tiktoken's files in its cache (tokenizer). Bad
+    input: one line, exit 2."""
     cfg = parse_args(argv, GROUPS, __doc__)
     check(cfg)
     r, p = cfg.reward, cfg.ppo
     why = dist.check_divisible(dict(batch_size=cfg.pretrain.batch_size, rm_batch_size=r.rm_batch_size,
-                                    rollout_batch=p.rollout_batch, minibatch_size=p.minibatch_size)) or \
-        refs.check(cfg) or (cfg.world.tokenizer == "gpt2" and tokenizer.gpt2_missing())
+                                    rollout_batch=p.rollout_batch, minibatch_size=p.minibatch_size)) \
+        or refs.check(cfg) or kl.check(cfg) or grpo.check(cfg) \
+        or (cfg.world.tokenizer == "gpt2" and tokenizer.gpt2_missing())
     if why:
         die(why)
     return cfg

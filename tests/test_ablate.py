@@ -52,6 +52,28 @@ def test_every_condition_appears_with_finite_values_and_finished_runs_are_reused
         {k: v for k, v in again[2].items() if k != "condition"}
 
 
+def test_the_verifiable_suite_reports_best_of_k_and_what_the_critic_costs(run):
+    """Gold-reward and critic-free conditions through ablate.py: best-of-k and pass@k for every k the evaluation
+    holds (the pretrained row too), never worse with more tries; no critic bytes without a critic; and the
+    paired differences against gold_adaptive."""
+    argv = ["--preset=smoke", f"--out_dir={run}", "--ppo_iters=2", "--n_eval=16", "--bestofk_n=4",
+            "--conditions=gold_adaptive,gold_grpo_no_kl", "--subdir=ablate_verifiable", "--jobs=1", "--seeds=2"]
+    ablate.main(argv)
+    adir = os.path.join(run, "ablate_verifiable")
+    rows = {(r["condition"], r["seed"]): r for r in store.load_json(os.path.join(adir, "results.jsonl"), lines=True)}
+    for r in rows.values():
+        assert [r[f"pass_{k}"] for k in (1, 2, 4)] == sorted(r[f"pass_{k}"] for k in (1, 2, 4))   # more tries, more
+        assert [r[f"best_{k}"] for k in (1, 2, 4)] == sorted(r[f"best_{k}"] for k in (1, 2, 4))   # passes, best higher
+        assert "best_8" not in r                                               # n = 4 samples: k <= 4 only
+    assert rows["gold_grpo_no_kl", 1337]["critic_mb"] == 0 < rows["gold_adaptive", 1337]["critic_mb"]
+    assert not os.path.exists(os.path.join(adir, "gold_grpo_no_kl", "seed1337", "critic.pt"))
+    table = open(os.path.join(adir, "results.md")).read()
+    assert "| best_4 |" in table and "Paired differences against gold_adaptive" in table
+    assert "| gold_grpo_no_kl | 2 |" in table and "Best of k" in table
+    pytest.importorskip("matplotlib")
+    assert os.path.exists(os.path.join(adir, "bestofk.png"))
+
+
 def test_suites_name_known_conditions_and_all_is_their_union():
     assert all(c in ablate.CONDITIONS for suite in ablate.SUITES.values() for c in suite)
     assert set(ablate.SUITES["all"]) == set().union(*(ablate.SUITES[s] for s in ablate.SUITES if s != "all"))
@@ -114,31 +136,216 @@ def test_bad_options_are_a_clear_error(argv, message, capsys):
 
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc to find the workers")
 def test_ctrl_c_stops_every_worker(run):
+    """Ctrl-C once both workers are inside a PPO run that cannot end first (100000 iterations), not after a sleep
+    (under load they may not have started yet): one line on stderr, exit 130, the workers gone when the parent is
+    (it joins them), then nothing of the process group left."""
+    adir = os.path.join(run, "ablate_int")
     p = subprocess.Popen([sys.executable, "ablate.py", "--preset=smoke", f"--out_dir={run}", "--subdir=ablate_int",
-                          "--conditions=no_kl,fixed_0.5", "--ppo_iters=50", "--jobs=2"], cwd=ROOT,
+                          "--conditions=no_kl,fixed_0.5", "--ppo_iters=100000", "--jobs=2"], cwd=ROOT,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))   # as from a terminal
-    for line in p.stdout:
-        if line.startswith("ablate:"):
-            break
-    time.sleep(3)                                                      # the workers are running now
-    os.killpg(p.pid, signal.SIGINT)                                    # what a terminal's Ctrl-C does
-    assert p.wait(timeout=60) == 130
-    err = p.stderr.read()
-    assert err.startswith("error: interrupted") and err.count("\n") == 1, err
-    time.sleep(0.5)
-    assert alive_in_group(p.pid) == []                                 # no worker left running
+    try:
+        for line in p.stdout:
+            if line.startswith("ablate:"):
+                break
+        runs = lambda: [s for c in os.listdir(adir) for s in os.listdir(os.path.join(adir, c))] \
+            if os.path.isdir(adir) else []
+        until(lambda: len(runs()) == 2, p)                             # 4 runs, 2 workers: each is inside one
+        workers = [pid for pid, (_, ppid, _, cmd) in processes().items() if ppid == p.pid and "spawn_main" in cmd]
+        assert len(workers) == 2 and all(ignores_sigint(w) for w in workers)   # Ctrl-C is the parent's to handle
+        os.killpg(p.pid, signal.SIGINT)                                # what a terminal's Ctrl-C does
+        rc = p.wait(timeout=120)
+        assert [w for w in workers if w in alive_in_group(p.pid)] == []    # reaped by the parent before it exited
+        assert rc == 130
+        err = p.stderr.read()
+        assert err.startswith("error: interrupted") and err.count("\n") == 1, err
+        until(lambda: alive_in_group(p.pid) == [])                     # the rest (multiprocessing's tracker) too
+    finally:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)                           # a failed test leaves no process behind
+        except ProcessLookupError:
+            pass
 
 
-def alive_in_group(pgid):
-    """Processes of a process group that still run (zombies, dead but not yet reaped, do not count)."""
-    alive = []
+def until(condition, p=None, limit=300):
+    """Wait for `condition`, polling; the limit only turns a hang into a failure (no test waits for it to pass)."""
+    deadline = time.monotonic() + limit
+    while not condition():
+        assert time.monotonic() < deadline and (p is None or p.poll() is None), "waited too long"
+        time.sleep(0.05)
+
+
+def ignores_sigint(pid):
+    """From the kernel's mask of ignored signals: under load a SIGTERM may kill a worker before its traceback."""
+    with open(f"/proc/{pid}/status") as f:
+        mask = next(line for line in f if line.startswith("SigIgn:")).split()[1]
+    return bool(int(mask, 16) >> (signal.SIGINT - 1) & 1)
+
+
+def processes():
+    """pid -> (state, parent pid, process group, command line), for every process in /proc."""
+    out = {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            alive.append(int(pid))
-    return alive
+        out[int(pid)] = (fields[0], int(fields[1]), int(fields[2]), cmd)
+    return out
+
+
+def alive_in_group(pgid):
+    """Processes of a process group that still run (zombies, dead but not yet reaped, do not count)."""
+    return [pid for pid, (state, _, group, _) in processes().items() if group == pgid and state != "Z"]
+
+
+def gone(pid):
+    """True when pid has exited (a zombie, dead but not yet reaped, counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def files_in(folder):
+    """{path: (size, mtime)} of every file under folder."""
+    return {os.path.join(d, n): (os.path.getsize(os.path.join(d, n)), os.path.getmtime(os.path.join(d, n)))
+            for d, _, names in os.walk(folder) for n in names}
+
+
+def same_numbers(a, b):
+    """Rows of results.jsonl, wall-clock times left out."""
+    drop = lambda r: {k: ({**v, "seconds_per_iter": 0} if k == "ref" and v else v) for k, v in r.items() if k != "seconds"}
+    return [drop(r) for r in a] == [drop(r) for r in b]
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc to find the workers")
+def test_a_kill_9_of_ablate_stops_its_workers_and_the_rerun_ends_as_a_clean_run(run):
+    flags = ["--preset=smoke", f"--out_dir={run}", "--conditions=no_kl,fixed_0.5", "--seeds=1", "--ppo_iters=8",
+             "--n_eval=8", "--jobs=2"]
+    p = subprocess.Popen([sys.executable, "ablate.py", *flags, "--subdir=ablate_kill"], cwd=ROOT,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    adir = os.path.join(run, "ablate_kill")
+    runs = [os.path.join(adir, c, "seed1337") for c in ("no_kl", "fixed_0.5")]
+    deadline = time.time() + 300
+    while not any(os.path.exists(os.path.join(d, "metrics.jsonl")) for d in runs):    # a worker is inside a run
+        assert p.poll() is None and time.time() < deadline
+        time.sleep(0.02)
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+    t = time.time()
+    while alive_in_group(p.pid) and time.time() < t + 3:
+        time.sleep(0.05)
+    assert alive_in_group(p.pid) == []                                 # the workers died with their parent
+    before = files_in(adir)
+    time.sleep(1)
+    assert files_in(adir) == before                                    # and nothing was written after the kill
+    assert not {"actor.pt", "critic.pt", "run.json"} & {os.path.basename(f) for f in before}
+    ablate.main(flags + ["--subdir=ablate_kill"])                      # the killed runs are done again
+    ablate.main(flags + ["--subdir=ablate_kill_clean"])                # the same runs, never interrupted
+    rows, clean = (store.load_json(os.path.join(run, s, "results.jsonl"), lines=True)
+                   for s in ("ablate_kill", "ablate_kill_clean"))
+    assert same_numbers(rows, clean) and len(rows) == 3
+
+
+WORKER = """import os, sys, time
+import store
+store.stop_writing_if_orphaned(int(sys.argv[1]))        # as ablate's workers do; no prctl here
+store.write_text(sys.argv[2] + "/ready", "")           # the parent is alive: writes go through
+while not os.path.exists(sys.argv[2] + "/go"):
+    time.sleep(0.01)
+store.write_text(sys.argv[2] + "/late", "")             # the parent is gone: this must never be written
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
+def test_a_worker_whose_parent_is_gone_writes_nothing_more(tmp_path):
+    """The portable half: without the kernel's help (no prctl), the next write of an orphaned worker ends it."""
+    middle = subprocess.Popen([sys.executable, "-c", "import os, subprocess, sys, time; subprocess.Popen([sys.executable,"
+                               f" '-c', {WORKER!r}, str(os.getpid()), {str(tmp_path)!r}], cwd={ROOT!r}); "
+                               "time.sleep(120)"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+    deadline = time.time() + 120
+    while not (tmp_path / "ready").exists():
+        assert time.time() < deadline
+        time.sleep(0.02)
+    worker = alive_in_group(middle.pid)
+    os.kill(middle.pid, signal.SIGKILL); middle.wait()
+    (tmp_path / "go").write_text("")
+    t = time.time()
+    while not all(gone(w) for w in worker) and time.time() < t + 10:
+        time.sleep(0.02)
+    assert all(gone(w) for w in worker) and not (tmp_path / "late").exists()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_worker_dies_with_its_parent_even_between_writes(tmp_path):
+    """The Linux half: ablate's pool initializer asks the kernel to kill a worker when its parent dies, so a worker
+    busy in a long computation (no write to check at) stops at once too."""
+    parent = subprocess.Popen([sys.executable, "-c", "import multiprocessing, os, time, ablate\n"
+                               "if __name__ == '__main__':\n"
+                               "    pool = multiprocessing.get_context('spawn').Pool(1, ablate._worker_init, (os.getpid(),))\n"
+                               "    print(pool.apply(os.getpid), flush=True)\n"      # the worker is set up
+                               "    pool.apply_async(time.sleep, (120,)); time.sleep(120)"],
+                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                              start_new_session=True)
+    worker = int(parent.stdout.readline())
+    assert not gone(worker)
+    os.kill(parent.pid, signal.SIGKILL); parent.wait()
+    t = time.time()
+    while not gone(worker) and time.time() < t + 3:
+        time.sleep(0.02)
+    assert gone(worker)
+
+
+def test_a_damaged_run_is_done_again_alone_and_fresh_never_touches_the_main_run(run):
+    argv = ["--preset=smoke", f"--out_dir={run}", "--conditions=no_kl,fixed_0.5", "--seeds=1", "--ppo_iters=2",
+            "--n_eval=8", "--jobs=1", "--subdir=ablate_state"]
+    adir = os.path.join(run, "ablate_state")
+    ablate.main(argv)
+    rows = store.load_json(os.path.join(adir, "results.jsonl"), lines=True)
+    d = {c: os.path.join(adir, c, "seed1337") for c in ("no_kl", "fixed_0.5")}
+    done = lambda c: os.path.getmtime(os.path.join(d[c], "ppo.json"))
+    first = done("no_kl")
+    with open(os.path.join(d["no_kl"], "metrics.jsonl"), "a") as f:
+        f.write('{"iter": ')                                           # a torn line (today: a JSON traceback)
+    os.remove(os.path.join(d["fixed_0.5"], ablate.RECORD))             # a run finished before records existed
+    kept = files_in(d["fixed_0.5"])
+    ablate.main(argv)
+    assert same_numbers(store.load_json(os.path.join(adir, "results.jsonl"), lines=True), rows)
+    assert done("no_kl") > first                                       # the damaged run, again
+    assert {f: v for f, v in files_in(d["fixed_0.5"]).items() if not f.endswith(ablate.RECORD)} == kept   # reused
+    stamp = store.load_json(os.path.join(d["fixed_0.5"], "ppo.json"))["stamp"]
+    assert ablate.finished(d["fixed_0.5"], stamp)                      # its record was written from its files
+    for name in ("actor.pt", "critic.pt"):                             # critic.pt: ablate itself never reads it
+        with open(os.path.join(d["fixed_0.5"], name), "r+b") as f:
+            head = f.read(4); f.seek(0); f.write(b"junk")
+        assert not ablate.finished(d["fixed_0.5"], stamp)              # its hash no longer matches the record
+        os.rename(os.path.join(d["fixed_0.5"], ablate.RECORD), os.path.join(d["fixed_0.5"], "kept.json"))
+        assert not ablate.finished(d["fixed_0.5"], stamp)              # no record: it is loaded, and refused
+        os.rename(os.path.join(d["fixed_0.5"], "kept.json"), os.path.join(d["fixed_0.5"], ablate.RECORD))
+        with open(os.path.join(d["fixed_0.5"], name), "r+b") as f:
+            f.write(head)
+    assert ablate.finished(d["fixed_0.5"], stamp)
+    with open(os.path.join(d["fixed_0.5"], "actor.pt"), "r+b") as f:
+        f.write(b"junk")                                               # today: "cannot load ..., (--fresh)"
+    main = ["actor.pt", "critic.pt", "metrics.jsonl", "ppo.json", "report.md", "stages.json", "pretrain.pt"]
+    hashes = {n: store.file_hash(os.path.join(run, n)) for n in main}
+    first = {c: done(c) for c in d}
+    ablate.main(argv[:2] + ["--conditions=fixed_0.5"] + argv[3:] + ["--fresh"])   # this command's run, from scratch
+    assert {n: store.file_hash(os.path.join(run, n)) for n in main} == hashes     # the main run untouched
+    assert done("fixed_0.5") > first["fixed_0.5"] and done("no_kl") == first["no_kl"]
+    assert same_numbers(store.load_json(os.path.join(adir, "results.jsonl"), lines=True), rows[:1] + rows[2:])
+
+
+def test_a_main_run_made_otherwise_is_train_pys_to_redo(run, capsys):
+    """The main run's stages belong to train.py: ablate.py says so, since its own --fresh redoes only its runs."""
+    with pytest.raises(SystemExit) as e:
+        ablate.main(["--preset=smoke", f"--out_dir={run}", "--n_pairs=100", "--conditions=no_kl", "--seeds=1"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1
+    assert "n_pairs" in err and f"python train.py --out_dir={run}" in err and "only its own runs" in err

@@ -1,13 +1,15 @@
 """Data parallelism on the CPU (gloo, 2 processes) against one process on the union of the ranks' data: a
 pretraining step and a PPO iteration (make_experience + ppo_update) end with the same parameters, whitening uses the
-statistics of the union; train_ppo feeds both ranks' β controllers the KL over both; `torchrun --nproc_per_node=2
-train.py` writes what `python train.py` writes. Also the gpu preset: its config passes the checks and its model runs forward and backward in bf16 (a reduced batch, on the CPU)."""
+statistics of the union; train_ppo feeds both ranks' β controllers the KL over both and each rank draws its own
+share of ptx windows (resumed exactly); `torchrun --nproc_per_node=2 train.py` writes what `python train.py` writes.
+Also the gpu preset: its config passes the checks and its model runs forward and backward in bf16 (a reduced batch,
+on the CPU)."""
 import copy, os, socket, subprocess, sys
 import pytest
 import torch
 import torch.multiprocessing as mp
 
-import dist, ppo, stages, store, train
+import data, dist, ppo, stages, store, train
 from conftest import recording_controller
 from errors import RunError
 from kl import KLConfig
@@ -95,17 +97,30 @@ class Letters:
         return "".join(chr(96 + i) for i in ids)
 
 
-def ppo_loop(out, monkeypatch_fed):
+def ppo_loop(out, monkeypatch_fed, *flags):
     """train_ppo itself, 3 iterations on the tiny models; returns (what the β controller was fed, metrics rows)."""
     _, ref, critic, rm = models()
     actor = copy.deepcopy(ref.model).requires_grad_(True)                 # PPO starts at the reference
     cfg = train.parse(["--preset=smoke", "--ppo_iters=3", "--rollout_batch=8", "--minibatch_size=4",
-                       "--response_length=8", "--ppo_lr=1e-2", "--kl_horizon=10", "--device=cpu"])
+                       "--response_length=8", "--ppo_lr=1e-2", "--kl_horizon=10", "--device=cpu", *flags])
     fed = []
     monkeypatch_fed(recording_controller(ppo.make_kl_controller, fed))
     metrics, _ = ppo.train_ppo(actor, critic.requires_grad_(True), ref, rm, Letters(), ["abc", "de", "fghij", "k"],
                                cfg, out, dict(test=1), log=lambda s: None)
     return fed, metrics
+
+
+def ptx_draws(out, iters):
+    """The pretraining windows (inputs) this rank drew in train_ppo with --ptx_coef, run_dir `out` (resumed when
+    it holds a state); train.bin is in out's parent."""
+    drawn, windows = [], data.windows
+    ppo.data.windows = lambda *a: drawn.append(windows(*a)) or drawn[-1]
+    try:
+        ppo_loop(out, lambda f: None, "--ptx_coef=0.5", f"--out_dir={os.path.dirname(out)}", "--block_size=24",
+                 f"--ppo_iters={iters}", "--save_interval=1")
+    finally:
+        ppo.data.windows = windows
+    return [x for x, _ in drawn]
 
 
 def _worker(rank, port, out):
@@ -119,7 +134,11 @@ def _worker(rank, port, out):
     xw, mw = whiten_data()
     res["whiten"] = ppo.whiten(xw[share(6)], mw[share(6)])
     res["ppo"] = ppo_iteration(share(4), PPO_CFG.minibatch_size // N)
+    make = ppo.make_kl_controller
     res["fed"], res["metrics"] = ppo_loop(out, lambda f: setattr(ppo, "make_kl_controller", f))
+    ppo.make_kl_controller = make                                          # the runs below feed no list
+    res["ptx"] = ptx_draws(os.path.join(out, "ptx"), 3)
+    res["ptx_resumed"] = ptx_draws(os.path.join(out, "cut"), 2) + ptx_draws(os.path.join(out, "cut"), 3)
     torch.save(res, os.path.join(out, f"rank{rank}.pt"))
     dist.close()
 
@@ -128,6 +147,10 @@ def _worker(rank, port, out):
 def ranks(tmp_path_factory):
     """What each of 2 gloo processes computed on its share."""
     out = str(tmp_path_factory.mktemp("ranks"))
+    for d in ("ptx", "cut"):
+        os.makedirs(os.path.join(out, d))
+    g = torch.Generator().manual_seed(4)                                   # ptx: a train.bin of 3000 tokens < 50
+    torch.randint(1, 50, (3000,), generator=g).numpy().astype("uint16").tofile(os.path.join(out, "train.bin"))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -265,3 +288,16 @@ def test_the_ppo_loop_feeds_every_rank_s_controller_the_kl_over_all_ranks(ranks)
     assert ranks[0]["fed"][-1] > 0                                         # the policy moved: a KL to agree on
     no_time = lambda rows: [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
     assert no_time(ranks[0]["metrics"]) == no_time(ranks[1]["metrics"])
+
+
+def test_each_rank_draws_its_own_share_of_ptx_windows_and_resumes_it_exactly(ranks):
+    """--ptx_coef under torchrun: each rank draws minibatch_size / 2 windows per minibatch from its own stream (not
+    the same windows on every rank: that is one rank's data computed twice), and a run stopped after iteration 2
+    and resumed draws, on each rank, the windows the uninterrupted run drew (the streams are saved per rank)."""
+    a, b = ranks[0]["ptx"], ranks[1]["ptx"]
+    assert len(a) == len(b) == 3 * 2 * 2                                   # iterations x epochs x minibatches
+    assert all(x.shape == (PPO_CFG.minibatch_size // N, 24) for x in a + b)
+    assert all(not torch.equal(x, y) for x, y in zip(a, b))
+    assert len({tuple(x.reshape(-1).tolist()) for x in a + b}) == len(a + b)    # no window set drawn twice
+    for r in ranks:
+        assert len(r["ptx_resumed"]) == len(r["ptx"]) and all(map(torch.equal, r["ptx_resumed"], r["ptx"]))

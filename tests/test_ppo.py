@@ -4,7 +4,7 @@ import copy
 import pytest
 import torch
 from torch.nn import functional as F
-from model import GPT, GPTConfig, StepGuard, pad_left, response_logits
+from model import GPT, GPTConfig, StepGuard, pad_left, response_logits, response_mask, token_logprobs
 from reward import ScalarModel
 from ref import Reference
 from kl import KLConfig, kl_full
@@ -216,6 +216,43 @@ def test_tokens_after_end_of_text_change_nothing():
         assert abs(s1[key] - s2[key]) < 1e-5, key
     for x, y in zip(list(a1.parameters()) + list(c1.parameters()), list(a2.parameters()) + list(c2.parameters())):
         torch.testing.assert_close(x, y, atol=1e-6, rtol=1e-5)
+
+
+def test_k3_after_end_of_text_makes_no_nan_and_skips_no_step():
+    """After end-of-text the models' log-probs can be anything. Plant there, at each position, the token the
+    reference finds likeliest relative to the actor: at T = 0.01 log π_ref - log π exceeds 88 nats, where k3's exp
+    overflows. Through make_experience and ppo_update (k3, as a reward and as a loss) nothing is NaN, no step is
+    skipped, and the update is the one of the same batch with end-of-text repeated after it."""
+    actor, ref, critic, rm, prompts, q, qm, _ = tiny()
+    T = 0.01
+    torch.manual_seed(1)
+    resp, _ = actor.generate(q, 10, temperature=T, eos=EOS, mask=qm)        # near-greedy: real tokens likely
+    mask = response_mask(resp, EOS)
+    assert 0 < mask.sum() < mask.numel() and mask.all(1).any()              # ended and truncated rows
+    planted = resp.clone()
+    with torch.no_grad():
+        for t in range(resp.size(1)):
+            gap = F.log_softmax(ref.logits(q, qm, planted, T), -1) - \
+                F.log_softmax(response_logits(actor, q, qm, planted, T), -1)                      # (B, R, V)
+            planted[:, t] = torch.where(mask[:, t], planted[:, t], gap[:, t].argmax(-1))
+        gap = ref.logprobs(q, qm, planted, T) - token_logprobs(response_logits(actor, q, qm, planted, T), planted)
+    assert gap[~mask].max() > 89 and gap[mask].max() < 80                 # exp overflows after end-of-text only
+    cfg = ppo.PPOConfig(ppo_epochs=1, minibatch_size=4)      # one step: at T = 0.01 a second pushes real tokens too
+    for kl_in in ("reward", "loss"):
+        k, after = KLConfig(kl_in=kl_in, kl_estimator="k3"), []
+        for r in (resp, planted):
+            batch, info = ppo.make_experience(actor, critic, ref, ref, rm, q, qm, r, EOS, 0.3, k, cfg, T)
+            assert all(torch.isfinite(x).all() for x in [*batch.values(), *info.values()]
+                       if x is not None and x.is_floating_point())
+            a, c = copy.deepcopy(actor), copy.deepcopy(critic)
+            opts = tuple(torch.optim.AdamW(m.parameters(), lr=1e-3, weight_decay=0.0) for m in (a, c))
+            guards = (StepGuard("a"), StepGuard("c"))
+            torch.manual_seed(3)
+            ppo.ppo_update(a, c, opts, guards, batch, cfg, T, 0.3, k)
+            assert guards[0].skipped == guards[1].skipped == 0, kl_in
+            after.append(list(a.parameters()))
+        for x, y in zip(*after):
+            torch.testing.assert_close(x, y, atol=1e-6, rtol=1e-5)
 
 
 def test_a_non_finite_loss_skips_the_step_and_several_stop_the_run():

@@ -1,7 +1,8 @@
 """Cheap references and the KL rollback (ref.py), through the code the PPO stage runs: quantization error bounds
 per block, quantized and half-precision logits against the full reference's, the LoRA reference bit-identical to
 the pretrained model before and after PPO, shared blocks that never move, bytes by hand, and the rollback restoring
-the last good state bit for bit, also across a resume."""
+the last good state bit for bit, also across a resume; on tiny models through train_ppo: the moving anchor restored
+with the actor, the undone rollout's KL logged, a spin stopped after rollback_max_in_row, a first rollout above."""
 import copy, os, statistics
 import pytest
 import torch
@@ -9,6 +10,8 @@ import data, ppo, store, tokenizer, train
 import ref as refs
 from model import encode_prompts, load_checkpoint, response_logits
 from kl import FixedKLController, kl_full
+from errors import RunError
+from tests.test_dist import Letters, models
 from tests.test_train import ppo_run, read
 
 
@@ -199,10 +202,11 @@ def excursion(run, tmp_path_factory):
     good = state_after(run, out / "good", 1, *FLAGS)                 # the state iteration 2 started from
     restored, restore = [], refs.Rollback.restore
 
-    def recording(self, actor, critic, opts, kl_ctl):
-        restore(self, actor, critic, opts, kl_ctl)
+    def recording(self, actor, critic, opts, kl_ctl, anchor=None):
+        out = restore(self, actor, critic, opts, kl_ctl, anchor)
         restored.append(copy.deepcopy((actor.state_dict(), critic.state_dict(), [o.state_dict() for o in opts],
                                        kl_ctl.value)))
+        return out
     with pytest.MonkeyPatch.context() as m:
         m.setattr(refs.Rollback, "restore", recording)
         flags = [*FLAGS, f"--kl_max={kl_max}", "--rollback_beta_factor=3"]
@@ -229,7 +233,7 @@ def test_restores_in_a_row_to_one_state_keep_raising_beta():
     # again (factor², then factor³), or the run would return to the same β for ever.
     actor, critic = torch.nn.Linear(2, 2), torch.nn.Linear(2, 1)
     opts = [torch.optim.AdamW(actor.parameters()), torch.optim.AdamW(critic.parameters())]
-    kl_ctl, rb = FixedKLController(0.01), refs.Rollback(2.0)
+    kl_ctl, rb = FixedKLController(0.01), refs.Rollback(refs.RefConfig(rollback_beta_factor=2.0))
     rb.keep(actor, critic, opts, kl_ctl)
     betas = []
     for _ in range(3):
@@ -245,3 +249,73 @@ def test_rollback_survives_a_resume(run, excursion):
     again, rows = ppo_run(run, cut, *excursion["flags"])
     strip = lambda rs: [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rs]
     assert strip(rows) == strip(excursion["rows"]) and again["final"] == excursion["summary"]["final"]
+
+
+# ---- the rollback's edges, on test_dist's tiny models through train_ppo itself ----
+def tiny_loop(out, *flags, exact=True, inflate=()):
+    """train_ppo, 4 iterations of the tiny models (the actor starts as the reference, or, exact=False, moved away
+    from a cheap-like reference). inflate: make_experience calls whose rollout KL is raised by 100 nats (a planted
+    excursion). Returns (rows of metrics.jsonl, per call: actor state, penalty anchor state, rollout KL)."""
+    moved, ref, critic, rm = models()
+    actor = moved if not exact else copy.deepcopy(ref.model).requires_grad_(True)
+    ref = refs.Reference(ref.model, exact=exact, copy=False)
+    cfg = train.parse(["--preset=smoke", "--ppo_iters=4", "--rollout_batch=8", "--minibatch_size=4",
+                       "--response_length=8", "--kl_ctl=fixed", "--init_kl_coef=0.01", "--device=cpu", *flags])
+    calls, make = [], ppo.make_experience
+
+    def recording(actor, critic, ref, pen_ref, *a):
+        batch, info = make(actor, critic, ref, pen_ref, *a)
+        if len(calls) in inflate:
+            info = dict(info, kl_exact=info["kl_exact"] + 100)
+        calls.append(copy.deepcopy((actor.state_dict(), pen_ref.model.state_dict(), info["kl_exact"].mean().item())))
+        return batch, info
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(ppo, "make_experience", recording)
+        torch.manual_seed(0)
+        ppo.train_ppo(actor, critic.requires_grad_(True), ref, rm, Letters(), ["abc", "de", "fghij", "k"], cfg,
+                      str(out), dict(test=1), log=lambda s: None)
+    return read(str(out), "metrics.jsonl"), calls
+
+
+def same(a, b):
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("anchor", ["rolling", "--ref_update=sync --ref_sync_every=1",
+                                    "--ref_update=reset --ref_reset_every=1"])
+def test_a_restore_brings_back_the_moving_anchor_and_logs_the_kl_it_undid(tmp_path, anchor):
+    """Iteration 3's rollout is planted 100 nats above --kl_max: the redone rollout (call 4) must see the actor
+    *and* the penalty's anchor of iteration 2's rollout (call 2), the state kept; the anchor moved since (sync and
+    reset mix the actor in after every update, rolling holds the last policy). The row logs the KL it undid."""
+    flags = ["--ref_update=rolling"] if anchor == "rolling" else anchor.split()
+    rows, calls = tiny_loop(tmp_path, "--kl_max=50", "--ppo_lr=1e-2", *flags, inflate=(2,))
+    assert [r["policy/rollbacks"] for r in rows] == [0, 0, 1, 1] and len(calls) == 5
+    assert same(calls[3][0], calls[1][0]) and same(calls[3][1], calls[1][1])     # actor and anchor: call 2's
+    assert not same(calls[2][1], calls[1][1])                        # the anchor had moved: a real restore
+    assert rows[2]["policy/kl_before_rollback"] == pytest.approx(calls[2][2]) and calls[2][2] > 100
+    assert rows[2]["objective/kl"] == pytest.approx(calls[3][2]) and calls[3][2] < 50
+    assert [r["policy/kl_before_rollback"] for r in rows[:2] + rows[3:]] == \
+        [r["objective/kl"] for r in rows[:2] + rows[3:]]             # no restore: the same rollout
+
+
+def test_a_rollback_that_cannot_help_stops_the_run_after_max_in_row(tmp_path):
+    """The issue's spin, reproduced: one update at this learning rate leaves --kl_max from the starting model, where
+    the KL and its gradient are 0, so raising β cannot help; each iteration restored the start, β doubling. Now
+    --rollback_max_in_row=2 restores in a row, then one line, exit 1, naming what to change."""
+    with pytest.raises(RunError) as e:
+        tiny_loop(tmp_path, "--kl_max=0.01", "--ppo_lr=3e-2", "--rollback_max_in_row=2")
+    assert e.value.code == 1 and "2 times in a row" in str(e.value) and "--ppo_lr" in str(e.value)
+    rows = read(str(tmp_path), "metrics.jsonl")
+    assert [r["policy/rollbacks"] for r in rows] == [0, 1, 2]        # iterations 2 and 3 restored; 4 stopped
+    assert [r["objective/kl"] for r in rows] == [0, 0, 0]            # every rollout logged is the start's
+    assert all(r["policy/kl_before_rollback"] > 0.01 for r in rows[1:])    # the excursions, visible
+    assert [r["objective/kl_coef"] for r in rows] == pytest.approx([0.01, 0.02, 0.04])
+
+
+def test_a_first_rollout_above_kl_max_stops_the_run(tmp_path):
+    """A cheap reference can start above --kl_max (its step-0 KL): the rollback would have no state to go back to
+    and silently never engage. One line, exit 2, before any update."""
+    with pytest.raises(RunError) as e:
+        tiny_loop(tmp_path, "--kl_max=0.01", exact=False)
+    assert e.value.code == 2 and "first rollout" in str(e.value) and "--kl_max=0.01" in str(e.value)
+    assert not os.path.exists(tmp_path / "metrics.jsonl")

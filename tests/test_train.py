@@ -1,6 +1,6 @@
 """End to end at --preset=smoke, through the code `python train.py` runs: every stage, the PPO loop's behaviour
 (KL 0 and ratio 1 at the start, the penalty lowers the KL, the rolling reference, β), determinism, and resume."""
-import copy, json, math, os, shutil, signal, subprocess, sys, time
+import copy, json, math, os, shutil, signal, statistics, subprocess, sys, time
 import pytest
 import torch
 import stages, store, train
@@ -248,3 +248,42 @@ def test_a_half_precision_reference_computes_in_its_own_precision_under_bf16_aut
         with autocast("cpu", "bf16"):
             inside = ref.logits(q, qm, resp, 0.7)
         assert torch.equal(inside, plain) and inside.dtype == torch.float32, kind
+
+
+def test_grpo_on_the_gold_reward_runs_without_a_critic_and_resumes(run, tmp_path):
+    """--reward=gold --advantage=grpo --kl_in=loss --kl_estimator=k3 (GRPO as published, on a verifiable reward):
+    KL 0 at the first rollout, the score maximised is the gold one in the reward model's units, no critic.pt, no
+    critic in ppo_state.pt, and a run interrupted after iteration 2 ends as if never interrupted."""
+    flags = ["--reward=gold", "--advantage=grpo", "--kl_in=loss", "--kl_estimator=k3", "--group_size=4"]
+    whole, rows = ppo_run(run, tmp_path / "whole", *flags)
+    prefs = read(run, "prefs.jsonl")
+    gold = [g for r in prefs for g in (r["gold_a"], r["gold_b"])]
+    mean, std = sum(gold) / len(gold), statistics.stdev(gold)
+    assert whole["gold_norm"] == pytest.approx(dict(mean=mean, std=std), rel=1e-9)
+    assert rows[0]["objective/kl"] == 0.0 and all(r["policy/ratio_dev_first"] < 1e-5 for r in rows)
+    for r in rows:                              # the loss form puts nothing in the rewards: they are the gold score
+        assert r["objective/non_score_reward"] == 0 and r["loss/value_avg"] == 0
+        assert r["objective/rlhf_reward"] == pytest.approx((r["objective/gold"] - mean) / std
+                                                           - r["objective/missing_eos"], abs=1e-5)
+    assert not os.path.exists(tmp_path / "whole" / "critic.pt") and whole["critic_bytes"] == 0
+    assert whole["bestofk"]["k"] == [1, 2, 4, 8, 16] and whole["entropy"] > 0
+
+    def stop_at_3(line):
+        if line.startswith("iter 3/"):
+            raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):
+        ppo_run(run, tmp_path / "resumed", *flags, log=stop_at_3)
+    state = torch.load(tmp_path / "resumed" / "ppo_state.pt", weights_only=True)
+    assert state["iter"] == 2 and state["critic"] is None and len(state["opts"]) == 1
+    again, resumed = ppo_run(run, tmp_path / "resumed", *flags)
+    assert no_time(resumed) == no_time(rows) and again["final"] == whole["final"]
+    assert again["bestofk"] == whole["bestofk"]
+
+
+def test_the_report_holds_best_of_k_for_both_policies(run):
+    rep, ppo_json = read(run, "report.json"), read(run, "ppo.json")
+    for name in ("pretrained", "rlhf"):
+        b = rep[name]["bestofk"]
+        assert b["k"] == [1, 2, 4, 8, 16] and b["best"] == sorted(b["best"]) and b["pass_at"] == sorted(b["pass_at"])
+    assert ppo_json["critic_bytes"] > 0 and os.path.exists(os.path.join(run, "critic.pt"))
+    assert "Best-of-k" in open(os.path.join(run, "report.md")).read()
