@@ -218,8 +218,9 @@ def files_in(folder):
 
 
 def same_numbers(a, b):
-    """Rows of results.jsonl, wall-clock times left out."""
-    drop = lambda r: {k: ({**v, "seconds_per_iter": 0} if k == "ref" and v else v) for k, v in r.items() if k != "seconds"}
+    """Rows of results.jsonl, wall-clock times (seconds, seconds per iteration) left out."""
+    drop = lambda r: {k: ({**v, "seconds_per_iter": 0} if k == "ref" and v else v) for k, v in r.items()
+                      if k not in ("seconds", "s_per_iter")}
     return [drop(r) for r in a] == [drop(r) for r in b]
 
 
