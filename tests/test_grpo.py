@@ -10,6 +10,7 @@ from model import GPT, GPTConfig, StepGuard, pad_left
 from ref import Reference
 from reward import ScalarModel
 import grpo, ppo, store, train
+from tests.test_dist import Letters                  # a stand-in tokenizer: letters a.. as ids 1.., end-of-text 0
 
 EOS = 3
 
@@ -126,17 +127,6 @@ def test_bad_group_and_forward_kl_flags_are_refused(flags, message, tmp_path, ca
 
 
 # ---- train_ppo, no critic: groups of the same prompt, nothing of a critic in the optimizers or the state ----
-class Letters:
-    """A stand-in tokenizer: letters a.. as ids 1.., end-of-text 0."""
-    eot_token = 0
-
-    def encode_ordinary(self, text):
-        return [1 + (ord(c) - 97) % 40 for c in text]
-
-    def decode(self, ids):
-        return "".join(chr(96 + i) for i in ids)
-
-
 def test_train_ppo_without_a_critic_samples_groups_and_saves_no_critic(tmp_path, monkeypatch):
     torch.manual_seed(0)
     ref_model = GPT(GPTConfig(block_size=24, vocab_size=50, n_layer=2, n_head=2, n_embd=32)).eval()
