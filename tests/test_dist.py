@@ -138,7 +138,9 @@ def _worker(rank, port, out):
     res["fed"], res["metrics"] = ppo_loop(out, lambda f: setattr(ppo, "make_kl_controller", f))
     ppo.make_kl_controller = make                                          # the runs below feed no list
     res["ptx"] = ptx_draws(os.path.join(out, "ptx"), 3)
-    res["ptx_resumed"] = ptx_draws(os.path.join(out, "cut"), 2) + ptx_draws(os.path.join(out, "cut"), 3)
+    first = ptx_draws(os.path.join(out, "cut"), 2)
+    dist.barrier()                      # rank 0 has written ppo_state.pt: both ranks resume it (a new launch would)
+    res["ptx_resumed"] = first + ptx_draws(os.path.join(out, "cut"), 3)
     torch.save(res, os.path.join(out, f"rank{rank}.pt"))
     dist.close()
 
