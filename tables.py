@@ -19,7 +19,8 @@ def verifiable_columns(k):
     critic costs (s_per_iter, critic_mb); and the columns its paired differences show."""
     return (["gold_mean", "proxy_mean", "kl", "wellformed_rate", "distinct_2", "entropy", f"best_{k}", "pass_1",
              f"pass_{k}", "s_per_iter", "critic_mb"],
-            ("gold_mean", "kl", "entropy", f"best_{k}", "pass_1", f"pass_{k}"))
+            ("gold_mean", "kl", "wellformed_rate", "distinct_2", "entropy", f"best_{k}", "pass_1", f"pass_{k}",
+             "s_per_iter"))
 
 
 def bootstrap_ci(x, level=0.95, n_boot=10000, seed=0):
