@@ -295,7 +295,9 @@ def stamp(cfg, st):
     """What a stage's outputs are made from: its config fields and the hashes of its input files."""
     groups = {g: type(c) for g, c in vars(cfg).items()}            # train.GROUPS, as parsed
     values = {f.name: getattr(getattr(cfg, g), f.name) for g, f in fields(groups) if f.name in st.fields}
-    return dict(config=values, inputs={n: store.file_hash(path(cfg, n)) for n in files(cfg, st.inputs)})
+    defaults = {f.name: f.default for g, f in fields(groups) if f.name in st.fields}    # the code's, not a preset's
+    return dict(config=values, inputs={n: store.file_hash(path(cfg, n)) for n in files(cfg, st.inputs)},
+                defaults=defaults)
 
 
 def world_ok(cfg, corpus=True):

@@ -180,9 +180,14 @@ def outputs_intact(out_dir, record):
 
 
 def first_difference(record, stamp):
-    """The first way a stamp (current config and input hashes) differs from a record, in words; None if none."""
+    """The first way a stamp (current config and input hashes) differs from a record, in words; None if none.
+    A field the record lacks was added to the code after it was made; the code it was made with behaved as the
+    field's default does (the rule for a new field), so it matches at that default (stamp["defaults"]) and only
+    there: adding a flag does not make every finished output stale, and using it does."""
     for k, v in stamp["config"].items():
         if k not in record["config"]:
+            if k in stamp.get("defaults", {}) and stamp["defaults"][k] == v:
+                continue
             return f"no --{k}, now --{k}={v}"
         if record["config"][k] != v:
             return f"--{k}={record['config'][k]}, now --{k}={v}"

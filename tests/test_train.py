@@ -287,3 +287,25 @@ def test_the_report_holds_best_of_k_for_both_policies(run):
         assert b["k"] == [1, 2, 4, 8, 16] and b["best"] == sorted(b["best"]) and b["pass_at"] == sorted(b["pass_at"])
     assert ppo_json["critic_bytes"] > 0 and os.path.exists(os.path.join(run, "critic.pt"))
     assert "Best-of-k" in open(os.path.join(run, "report.md")).read()
+
+
+def test_a_field_added_since_a_record_matches_at_its_default_only(run, tmp_path, capsys):
+    """A record made before a field existed lacks it. Kept when the field is at its code default (the old code's
+    behaviour), refused otherwise, and refused when the preset's value is not the code default either."""
+    out = tmp_path / "out"
+    shutil.copytree(run, out)
+    records = read(str(out), "stages.json")
+    del records["ppo"]["config"]["cliprange"]               # smoke keeps the code default, 0.2
+    del records["report"]["config"]["pass_gold"]
+    store.save_json(str(out / "stages.json"), records)
+    before = {n: store.file_hash(str(out / n)) for n in ("actor.pt", "report.json")}
+    train.main(["--preset=smoke", f"--out_dir={out}"])     # every stage kept: nothing made again
+    assert {n: store.file_hash(str(out / n)) for n in before} == before
+    err = refused_here(train.main, ["--preset=smoke", f"--out_dir={out}", "--cliprange=0.3"], capsys)
+    assert "stage ppo" in err and "no --cliprange, now --cliprange=0.3" in err
+    records = read(str(out), "stages.json")
+    del records["ppo"]["config"]["ppo_epochs"]              # smoke's 2 is not the code default, 4
+    store.save_json(str(out / "stages.json"), records)
+    err = refused_here(train.main, ["--preset=smoke", f"--out_dir={out}"], capsys)
+    assert "no --ppo_epochs, now --ppo_epochs=2" in err
+    assert {n: store.file_hash(str(out / n)) for n in before} == before
