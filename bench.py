@@ -63,8 +63,9 @@ def anchor_models(device):
     return actor, Reference(actor), critic.eval(), rm.eval()
 
 
-def bench_ppo(device, repeats):
-    """One PPO iteration at the anchor config, through ppo.make_experience and ppo.ppo_update."""
+def ppo_anchor(device):
+    """One PPO iteration at the anchor config as its three phases, through ppo.make_experience and ppo.ppo_update:
+    {name: function of no arguments}, to call in order (generate, experience, update). bench_trl.py runs them too."""
     actor, ref, critic, rm = anchor_models(device)
     q = torch.randint(0, ANCHOR.vocab_size - 1, (B, TP), device=device)
     qm = torch.ones(B, TP, dtype=torch.bool, device=device)
@@ -82,9 +83,12 @@ def bench_ppo(device, repeats):
 
     def update():
         ppo_update(actor, critic, opts, guards, state["batch"], cfg, 1.0, 0.05, kc)
+    return dict(generate=generate, experience=experience, update=update)
 
-    t = {name: timed(fn, repeats) for name, fn in (("generate", generate), ("experience", experience),
-                                                    ("update", update))}
+
+def bench_ppo(device, repeats):
+    """The anchor's PPO iteration, each phase timed on its own (ppo_anchor), and the update's FLOPs."""
+    t = {name: timed(fn, repeats) for name, fn in ppo_anchor(device).items()}
     tokens = B * (TP + R - 1)                                          # one forward over prompt + response
     ctx = (TP + R) / 2                                                 # mean attention span
     per_token = 3 * (forward_flops_per_token(ANCHOR, ctx) + forward_flops_per_token(ANCHOR, ctx, lm_head=False))

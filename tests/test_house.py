@@ -73,3 +73,15 @@ def test_the_ground_files_import_nothing_of_the_pipeline(name):
 def test_no_file_is_over_350_lines():
     long = {m: s.count("\n") for m, s in sources().items() if s.count("\n") > MAX_LINES}
     assert not long, f"over {MAX_LINES} lines (split along a concept): {long}"
+
+
+def test_trl_stays_in_bench_trl():
+    """bench_trl.py measures TRL from a scratch venv (its docstring): no file of the project or its tests imports
+    it, and no other file imports trl or transformers, at any depth (tether never depends on them)."""
+    srcs = sources()
+    tests = {os.path.basename(f)[:-3]: open(f).read() for f in glob.glob(os.path.join(ROOT, "tests", "*.py"))}
+    outside = {"bench_trl", "trl", "transformers", "tokenizers", "accelerate"}
+    bad = {m: sorted(imports(s, outside)) for m, s in {**srcs, **tests}.items() if m != "bench_trl"}
+    bad = {m: v for m, v in bad.items() if v}
+    assert not bad, f"imports of TRL's world outside bench_trl.py: {bad}"
+    assert imports(srcs["bench_trl"], outside) >= {"trl", "transformers"}     # the check sees what it looks for
