@@ -8,7 +8,8 @@ model, rollout tokens/s with and without the KV cache, and one PPO iteration at 
 x 4 minibatches; a random reward model) split into generate / experience / update, through the code train.py runs.
 (The last id stands for end-of-text in the experience, so a response that happens to sample it is masked there.)
 The update's FLOPs are counted (forward 2 per multiply-add, backward twice the forward) and divided by its time
-and by the measured matmul rate. Every timing is the median of a few repeats after a warm-up.
+and by the measured matmul rate. Every timing is the median of a few repeats after a warm-up. The same update on
+responses of lengths uniform over 4..32 (seed 0) with --minibatch_order=shuffle and length: time, padded positions.
     python bench.py --refs --out_dir=out    # every --ref kind: bytes held and the KL to the full ref at step 0
 --refs measures the reference options (ref.py) on a finished run's models instead (any train.py flag passes through,
 checked by train.parse): the table is printed, nothing is written.
@@ -22,7 +23,7 @@ from errors import die
 from evaluate import step0_kl
 from kl import KLConfig
 from model import GPT, GPTConfig, StepGuard, adamw, autocast, load_checkpoint
-from ppo import PPOConfig, make_experience, make_optimizers, ppo_update
+from ppo import PPOConfig, make_experience, make_optimizers, minibatches, ppo_update
 from ref import KINDS, Reference, make_reference, memory_bytes
 from reward import ScalarModel
 
@@ -94,6 +95,30 @@ def bench_ppo(device, repeats):
     per_token = 3 * (forward_flops_per_token(ANCHOR, ctx) + forward_flops_per_token(ANCHOR, ctx, lm_head=False))
     t["update_flops"] = EPOCHS * tokens * per_token                    # actor and critic, forward + backward
     return t
+
+
+def bench_minibatch_order(device, repeats):
+    """ppo_update at the anchor config on responses whose end-of-text falls at a length uniform over 4..R (seed 0),
+    with --minibatch_order=shuffle and length: seconds, and the fraction of the response positions the update
+    forwards (each minibatch cut to its longest response) that are padding, over EPOCHS epochs (seed 0)."""
+    actor, ref, critic, rm = anchor_models(device)
+    g, eos = torch.Generator().manual_seed(0), ANCHOR.vocab_size - 1
+    q, resp = torch.randint(0, eos, (B, TP), generator=g), torch.randint(0, eos, (B, R), generator=g)   # no eos
+    lengths = torch.randint(4, R + 1, (B,), generator=g)                                               # (B,)
+    resp[torch.arange(R) >= lengths[:, None] - 1] = eos                           # end-of-text at lengths - 1 on
+    q, resp, qm = q.to(device), resp.to(device), torch.ones(B, TP, dtype=torch.bool, device=device)
+    batch = make_experience(actor, critic, ref, ref, rm, q, qm, resp, eos, 0.05, KLConfig(), PPOConfig(), 1.0)[0]
+    out = {}
+    for order in ("shuffle", "length"):
+        cfg = PPOConfig(ppo_epochs=EPOCHS, minibatch_size=MINIBATCH, minibatch_order=order)
+        opts, guards = make_optimizers(actor, critic, cfg), (StepGuard("actor"), StepGuard("critic"))
+        out[f"update_{order}_s"] = timed(lambda: ppo_update(actor, critic, opts, guards, batch, cfg, 1.0, 0.05,
+                                                            KLConfig()), repeats)
+        torch.manual_seed(0)
+        pieces = [p for _ in range(EPOCHS) for p in minibatches(lengths, MINIBATCH, order)]
+        out[f"padded_{order}"] = 1 - EPOCHS * lengths.sum().item() / sum(len(p) * lengths[p].max().item()
+                                                                          for p in pieces)
+    return out
 
 
 def bench_pretrain(device, repeats, dtype="fp32", batch=32):
@@ -178,6 +203,7 @@ def main(argv):
     res["ppo_iteration_s"] = ppo["generate"] + ppo["experience"] + ppo["update"]
     res["ppo_update_gflop"] = ppo["update_flops"] / 1e9
     res["ppo_update_fraction_of_matmul"] = ppo["update_flops"] / ppo["update"] / res["matmul_fp32"]
+    res.update({f"ppo_varlen_{k}": v for k, v in bench_minibatch_order(dev, n).items()})
     res["seconds"] = time.time() - t0
     rows = [("matmul fp32, 1024³", f"{res['matmul_fp32'] / 1e9:.0f} GFLOP/s"),
             ("matmul bf16, 1024³", f"{res['matmul_bf16'] / 1e9:.0f} GFLOP/s"),
@@ -188,7 +214,10 @@ def main(argv):
             ("PPO iteration (anchor)", f"{res['ppo_iteration_s']:.3f} s"),
             ("  generate", f"{res['ppo_generate_s']:.3f} s"), ("  experience", f"{res['ppo_experience_s']:.3f} s"),
             ("  update", f"{res['ppo_update_s']:.3f} s ({res['ppo_update_gflop']:.0f} GFLOP, "
-                         f"{res['ppo_update_fraction_of_matmul']:.0%} of fp32 matmul)")]
+                         f"{res['ppo_update_fraction_of_matmul']:.0%} of fp32 matmul)"),
+            ("PPO update, lengths 4..32: shuffle / length", f"{res['ppo_varlen_update_shuffle_s']:.3f} s / "
+             f"{res['ppo_varlen_update_length_s']:.3f} s (padding {res['ppo_varlen_padded_shuffle']:.0%} / "
+             f"{res['ppo_varlen_padded_length']:.0%})")]
     print(f"bench.py on {dev}, {res['threads']} threads, torch {res['torch']} ({res['seconds']:.0f} s)\n")
     print("| what | measured |\n|---|---|\n" + "\n".join(f"| {a} | {b} |" for a, b in rows))
     os.makedirs(opts["out_dir"], exist_ok=True)

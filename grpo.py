@@ -15,7 +15,8 @@ A group whose rewards are all equal gets advantage 0: it teaches nothing. The se
 token's advantage up to and including end-of-text (`token_advantages`; `advantages` does both from make_experience's
 rewards); it is not whitened again across the batch (GRPO does not: the group already sets the scale). The loss is
 ppo.py's clipped surrogate, a mean over the minibatch's tokens (DAPO's token-level mean: neither GRPO's per-response
-1/|o| nor Dr. GRPO's constant). `check`: G >= 2, and each process's share of rollout_batch holds whole groups.
+1/|o| nor Dr. GRPO's constant; with --minibatch_order=length, whose minibatches hold similar lengths, close to GRPO's
+1/|o|). `check`: G >= 2, and each process's share of rollout_batch holds whole groups.
 Left out: DAPO's dynamic sampling (dropping groups with equal rewards) and asymmetric clipping.
 """
 import torch

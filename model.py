@@ -4,8 +4,8 @@ The same class serves as actor, frozen reference, and (through `hidden`) as the 
 the critic. Left-padded batches are supported: `mask` (B, T) marks real tokens; positions count real tokens only,
 so a prompt scores the same alone or padded inside a batch.
 Shapes: B batch, T tokens, C channels, V vocabulary, H heads.
-Also here: the sequence conventions every stage shares (`encode_prompts`, `response_mask`, `join_tokens`) and
-checkpoints (written atomically, loaded with weights_only=True onto the chosen device).
+Also here: the sequence conventions every stage shares (`encode_prompts`, `response_mask`, `masked_mean`,
+`join_tokens`) and checkpoints (written atomically, loaded with weights_only=True onto the chosen device).
 Mixed precision is bf16 autocast (`autocast`, --dtype=bf16), around whole stages.
 Left out: custom kernels, weight decay groups per parameter type, fp16 with loss scaling.
 """
@@ -241,6 +241,11 @@ def response_mask(response, eos):
     """(B, R) True up to and including the first end-of-text; all True for a truncated row."""
     is_eos = (response == eos).long()
     return torch.cumsum(is_eos, 1) - is_eos == 0                  # no end-of-text strictly before t
+
+
+def masked_mean(x, mask):
+    """Mean over real tokens; positions outside the mask contribute nothing, even NaN or inf."""
+    return torch.where(mask, x, 0.0).sum() / mask.sum().clamp(min=1)
 
 
 def join_tokens(query, query_mask, response, mask):

@@ -7,7 +7,7 @@ One iteration (find `# ---- ppo loop ----`), as in lm-human-preferences and TRL:
     experience  old log-probs from the actor (the rollout policy, never the reference), reference log-probs, critic
                 values, the score (reward model or gold) minus missing_eos_penalty without end-of-text, rewards
                 r_t = -β·kl_t with the score at the last real token, GAE advantages (whitened; grpo.py's), returns
-    update      ppo_epochs passes over shuffled minibatches:
+    update      ppo_epochs passes over minibatches (`minibatches`: shuffled, or by length), each cut to its longest:
                 ratio = π_θ/π_θ_old;  pg_losses = max(-A·ratio, -A·clip(ratio, 1-ε, 1+ε))
                 vf_losses = ½ max((V - G)², (vpredclipped - G)²),  vpredclipped = V_old + clip(V - V_old, ±ε_v)
                 actor and critic have separate optimizers and gradient clips: the value loss cannot slow the actor
@@ -29,14 +29,13 @@ Left out: a value head sharing the actor's trunk, reward whitening, early stoppi
 from collections import defaultdict
 from dataclasses import asdict, dataclass, replace
 import os, time
-import numpy as np
 import torch
 
 import data, dist, grpo, store
 from config import arg
 from errors import RunError
 from kl import FULL, kl_full, make_kl_controller, per_token_kl, shaped_rewards
-from model import (StepGuard, adamw, encode_prompts, entropy_from_logits, join_tokens, response_logits,
+from model import (StepGuard, adamw, encode_prompts, entropy_from_logits, join_tokens, masked_mean, response_logits,
                    response_mask, rng_states, set_rng_states, token_logprobs)
 from ref import Reference, Rollback, load_trainable
 from reward import gold_scores, response_values, score as reward_score
@@ -66,11 +65,8 @@ class PPOConfig:
     advantage: str = arg("gae", help="gae (a critic) or, with no critic, grpo or rloo", choices=["gae", "grpo", "rloo"])
     group_size: int = arg(8, ">0", "grpo, rloo: samples per prompt (rollout_batch must be divisible by it)")
     grpo_scale: str = arg("std", help="grpo: divide by the group's std, or none (Dr. GRPO)", choices=["std", "none"])
-
-
-def masked_mean(x, mask):
-    """Mean over real tokens; positions outside the mask contribute nothing, even NaN or inf."""
-    return torch.where(mask, x, 0.0).sum() / mask.sum().clamp(min=1)
+    minibatch_order: str = arg("shuffle", help="length: minibatches of similar lengths, in random order (less "
+                               "padding; each response, not token, weighs alike)", choices=["shuffle", "length"])
 
 
 def whiten(x, mask):
@@ -163,18 +159,32 @@ def make_experience(actor, critic, ref, pen_ref, rm, query, query_mask, response
     return batch, info
 
 
+def minibatches(lengths, size, order):
+    """One epoch's minibatches for responses of `lengths` (B,): index tensors, each response once, `size` a piece (the
+    last may be smaller), from one torch.randperm. shuffle: the permutation, cut. length: it, stably sorted by length
+    (ties in its random order; all of it, not in chunks: the default has 4 minibatches), cut, each piece put where
+    shuffle puts its minibatch of the same rank by mean length, then variance. Equal lengths give shuffle's minibatches;
+    the order is random, independent of what the pieces hold. Unbiased only in that an epoch trains on every response
+    once (a per-response loss, the KL loss, sums alike): a piece is no uniform sample, and token means divide by its
+    tokens, about size x L: each response weighs about alike (GRPO's 1/|o|), not each token (shuffle)."""
+    perm = torch.randperm(len(lengths))
+    pieces = perm.split(size)                                                  # shuffle's minibatches
+    if order == "shuffle":
+        return pieces
+    moments = [(x.mean().item(), x.var(unbiased=False).item()) for x in (lengths[p].double() for p in pieces)]
+    ranked = sorted(range(len(pieces)), key=moments.__getitem__)     # by mean length, then variance; ties: as drawn
+    by_length = perm[lengths[perm].argsort(stable=True)].split([len(pieces[j]) for j in ranked])
+    return [by_length[ranked.index(j)] for j in range(len(pieces))]  # the k-th shortest where shuffle's k-th was
+
+
 def ppo_update(actor, critic, opts, guards, batch, cfg, temperature, beta=0.0, kl_cfg=None, ptx_batch=None):
-    """ppo_epochs passes of shuffled minibatches over one rollout. opts and guards: (actor's, critic's).
-    ptx_batch: with ptx_coef > 0, a function returning pretraining windows (x, y) for each minibatch.
-    Returns the mean of each logged statistic, and ratio_dev_first: max |ratio - 1| on the first minibatch,
-    which is 0 when the old log-probs come from the policy that sampled the batch."""
-    B = batch["response"].size(0)
-    stats = defaultdict(list)
-    actor_params = list(actor.parameters())
+    """ppo_epochs passes of `minibatches` over one rollout. opts and guards: (actor's, critic's). ptx_batch: with
+    ptx_coef > 0, a function returning pretraining windows (x, y) for each minibatch. Returns each logged statistic's
+    mean, and ratio_dev_first: max |ratio - 1| on the first minibatch, 0 when the old log-probs are the sampler's."""
+    stats, actor_params = defaultdict(list), list(actor.parameters())
     for epoch in range(cfg.ppo_epochs):
-        perm = torch.randperm(B)
-        for i in range(0, B, cfg.minibatch_size):
-            mb = {k: v[perm[i:i + cfg.minibatch_size]] for k, v in batch.items()}
+        for idx in minibatches(batch["mask"].sum(1).cpu(), cfg.minibatch_size, cfg.minibatch_order):   # (B,) lengths
+            mb = {k: v[idx] for k, v in batch.items()}
             n = int(mb["mask"].sum(1).max())          # this minibatch's longest response: the rest is padding
             mb = {k: v if k.startswith("query") else v[:, :n] for k, v in mb.items()}
             q, qm, resp, mask = mb["query"], mb["query_mask"], mb["response"], mb["mask"]
@@ -186,8 +196,7 @@ def ppo_update(actor, critic, opts, guards, batch, cfg, temperature, beta=0.0, k
             actor_loss = pg_loss - cfg.ent_coef * entropy
             kl_loss = torch.zeros(())
             if kl_cfg is not None and kl_cfg.kl_in == "loss":      # the estimator, differentiated, summed per sequence
-                kl = per_token_kl(kl_cfg.kl_estimator, logprobs, mb["ref_logprobs"], logits, mb.get("ref_logits"),
-                                  mask)
+                kl = per_token_kl(kl_cfg.kl_estimator, logprobs, mb["ref_logprobs"], logits, mb.get("ref_logits"), mask)
                 kl_loss = torch.where(mask, kl, 0.0).sum(1).mean()
                 actor_loss = actor_loss + beta * kl_loss
             ptx_loss = torch.zeros(())
@@ -204,17 +213,9 @@ def ppo_update(actor, critic, opts, guards, batch, cfg, temperature, beta=0.0, k
                 stats["ratio_dev_first"].append(torch.where(mask, dev, 0.0).max().item())
             guards[0].step(actor_loss, opts[0], actor_params, cfg.max_grad_norm)
             for k, v in dict(pg_loss=pg_loss, vf_loss=vf_loss, clipfrac=clipfrac, approxkl=approxkl, ratio=ratio,
-                             vf_clipfrac=vf_clipfrac, entropy=entropy, kl_loss=kl_loss,
-                             ptx_loss=ptx_loss).items():
+                             vf_clipfrac=vf_clipfrac, entropy=entropy, kl_loss=kl_loss, ptx_loss=ptx_loss).items():
                 stats[k].append(v.item())
     return {k: sum(v) / len(v) for k, v in stats.items()}
-
-
-def pretraining_batches(cfg, gen, n):
-    """A function giving n random windows (x, y) of block_size + 1 tokens from out_dir's train.bin, drawn with
-    `gen` (checkpointed with the run). Under torchrun each rank draws its own n = minibatch_size / world."""
-    d = np.memmap(os.path.join(cfg.run.out_dir, "train.bin"), dtype=np.uint16, mode="r")
-    return lambda: data.windows(d, n, cfg.gpt.block_size, gen, cfg.run.device)          # (n, T), (n, T)
 
 
 def make_optimizers(actor, critic, cfg):
@@ -240,7 +241,8 @@ def train_ppo(actor, critic, ref, rm, enc, prompts, cfg, run_dir, stamp, log=pri
     rollback = Rollback(cfg.ref) if cfg.ref.kl_max else None          # --kl_max: the last good state
     prompt_gen = torch.Generator().manual_seed(run.seed)
     ptx_gen = torch.Generator().manual_seed(run.seed + 7 + 1000003 * rank)   # own stream (ptx_coef=0 changes
-    ptx_batch = pretraining_batches(cfg, ptx_gen, local.minibatch_size) if pc.ptx_coef > 0 else None   # nothing)
+    ptx_batch = data.pretraining_batches(os.path.join(run.out_dir, "train.bin"), local.minibatch_size,
+                                         cfg.gpt.block_size, ptx_gen, device) if pc.ptx_coef > 0 else None   # nothing)
     metrics, start = [], 0
     dist.seed_rank(run.seed)                                   # torchrun: each rank its own sampling noise
     state_path, metrics_path = os.path.join(run_dir, "ppo_state.pt"), os.path.join(run_dir, "metrics.jsonl")
@@ -320,8 +322,7 @@ def train_ppo(actor, critic, ref, rm, enc, prompts, cfg, run_dir, stamp, log=pri
                "policy/skipped_updates": guards[0].skipped + guards[1].skipped,
                "policy/rollbacks": rollback.count if rollback else 0, "policy/kl_before_rollback": kl_first,
                "loss/policy_avg": stats["pg_loss"], "loss/value_avg": stats["vf_loss"], "loss/kl_avg": stats["kl_loss"],
-               "loss/ptx_avg": stats["ptx_loss"],
-               "val/clipfrac_avg": stats["vf_clipfrac"], "val/ratio": stats["ratio"],
+               "loss/ptx_avg": stats["ptx_loss"], "val/clipfrac_avg": stats["vf_clipfrac"], "val/ratio": stats["ratio"],
                "val/num_eos_tokens": (~info["truncated"]).float().sum().item(),
                "val/response_length": n_tok / len(resp),
                "time/tokens_per_second": n_tok / dt, "time/elapsed": time.time() - t0}
@@ -342,8 +343,7 @@ def train_ppo(actor, critic, ref, rm, enc, prompts, cfg, run_dir, stamp, log=pri
                 store.save_torch(dict(stamp=stamp, iter=it + 1, actor=actor.state_dict(),
                                       critic=None if critic is None else critic.state_dict(),
                                       opts=[o.state_dict() for o in opts], skipped=[g.skipped for g in guards],
-                                      kl_ctl=asdict(kl_ctl), prompt_gen=prompt_gen.get_state(),
-                                      rng=rng,
+                                      kl_ctl=asdict(kl_ctl), prompt_gen=prompt_gen.get_state(), rng=rng,
                                       pen_ref=None if pen_ref is ref else pen_ref.model.state_dict(),
                                       rollback=rollback.state_dict() if rollback else None,
                                       metrics=metrics), state_path)
