@@ -1,7 +1,7 @@
 """Pretraining's --optimizer=muon: which parameters Muon trains (the blocks' Linear weights, found by walking the
 modules, against what stages.pretrain_optimizer gives it), the warmup + cosine schedule on every group, a smoke
 pretraining that learns (and, at this budget, faster than AdamW), a kill and resume that ends bit for bit as the
-uninterrupted run, and the flag's bad values and stale stages refused.
+uninterrupted run, the flag's bad values and stale stages refused; and bench.py --bar, whose rows are those runs.
 The runs go through train.main on one smoke world (--stage=world, then --stage=pretrain), 80 iterations."""
 import dataclasses, math, os, shutil
 import pytest
@@ -146,3 +146,30 @@ def test_a_pretrain_stage_made_under_other_optimizer_flags_is_refused(world, tmp
     name, _, new = flag[2:].partition("=")
     assert e.value.code == 2 and len(err.splitlines()) == 1 and "stage pretrain" in err and f"now --{name}={new}" in err
     assert {n: store.file_hash(os.path.join(out, n)) for n in os.listdir(out) if n != ".lock"} == before
+
+
+def test_bench_bar_runs_the_pretrain_stage_of_train_py_for_each_run_of_the_grid(world, tmp_path, monkeypatch, capsys):
+    """Each row is what `train.py --stage=pretrain` with that optimizer, lr and max_iters writes, on a copy of the
+    world; the bar judges each at its end; a second call reuses the finished runs."""
+    import bench
+    base = world_copy(world, tmp_path / "main")
+    flags = ["--preset=smoke", "--n_samples=2", "--eval_iters=1", "--warmup_iters=1", f"--out_dir={base}"]
+    res = bench.main(["--bar=adamw:3e-3:3;muon:0.05:2,3"] + flags)
+    assert [(r["optimizer"], r["lr"], r["max_iters"], r["tokens"]) for r in res["runs"]] == \
+        [("adamw", 3e-3, 3, 3 * 32 * 96), ("muon", 0.05, 2, 2 * 32 * 96), ("muon", 0.05, 3, 3 * 32 * 96)]
+    by_hand, _ = pretrain(world, tmp_path / "by_hand", flags[:-1] + ["--optimizer=muon", "--muon_lr=0.05",
+                                                                     "--max_iters=3"])
+    row = res["runs"][2]
+    assert (row["val_loss"], row["wellformed_rate"], row["gold_mean"]) == \
+        (by_hand["val_loss"], by_hand["wellformed_rate"], by_hand["gold_mean"])
+    assert store.load_json(os.path.join(base, "bench_bar.json"))["runs"] == res["runs"]
+    assert not any(r["meets_bar"] for r in res["runs"]) and res["fewest_tokens"] == dict(adamw=None, muon=None)
+    line = min(r["val_loss"] for r in res["runs"][1:])                       # the better muon run's loss
+    monkeypatch.setattr(bench, "BAR", dict(val_loss=line, wellformed_rate=0.0))
+    capsys.readouterr()
+    again = bench.main(["--bar=adamw:3e-3:3;muon:0.05:2,3"] + flags)
+    assert "---- stage pretrain ----" not in capsys.readouterr().out                      # nothing run again
+    assert [r["val_loss"] for r in again["runs"]] == [r["val_loss"] for r in res["runs"]]
+    best = min(res["runs"][1:], key=lambda r: r["val_loss"])
+    assert again["fewest_tokens"] == dict(adamw=None if res["runs"][0]["val_loss"] > line else 3 * 32 * 96,
+                                          muon=best["tokens"])
