@@ -13,13 +13,22 @@ responses of lengths uniform over 4..32 (seed 0) with --minibatch_order=shuffle 
     python bench.py --refs --out_dir=out    # every --ref kind: bytes held and the KL to the full ref at step 0
 --refs measures the reference options (ref.py) on a finished run's models instead (any train.py flag passes through,
 checked by train.parse): the table is printed, nothing is written.
+    python bench.py --bar='adamw:4e-3:600,700,900;muon:0.02:400,500,600' [train.py flags]   # --bar alone: that grid
+--bar answers "how many pretraining tokens does each optimizer need to reach the quality bar" (BAR: validation loss
+<= 1.235 and >= 90 % of the pretrain stage's samples well-formed). The grid is `;`-separated items OPT:LRS:ITERS, each
+a comma list, every lr x every max_iters: OPT is a --optimizer, the lr is --lr for adamw and --muon_lr for muon (whose
+AdamW part keeps --lr). Each run is the real pretrain stage (train.run_stages up to pretrain, flags through
+train.parse) in its own folder out/bench_bar/OPT_lrLR_itersN, with the world copied from --out_dir (never
+regenerated): a shorter max_iters shortens the cosine too, and a run is judged at its end. One row per run (tokens =
+max_iters x batch_size x block_size; seconds: its pretraining time), and out/bench_bar.json. A finished run is
+reused (its seconds are from when it ran) and a killed one resumes; --fresh redoes every run of the grid.
 Left out: memory profiles, torch.compile timings (ANSWER.md, "Can the pipeline run in 5 minutes?"), multi-GPU.
 """
-import dataclasses, os, statistics, sys, time
+import dataclasses, math, os, shutil, statistics, sys, time
 import torch
 
 import data, stages, store, tokenizer, train
-from errors import die
+from errors import RunError, die
 from evaluate import step0_kl
 from kl import KLConfig
 from model import GPT, GPTConfig, StepGuard, adamw, autocast, load_checkpoint
@@ -172,14 +181,104 @@ def bench_refs(argv):
         print(f"| {kind} | {mem['ref']:,} | {mem['trainable']:,} | {kl:.4f} |", flush=True)
 
 
+BAR = dict(val_loss=1.235, wellformed_rate=0.90)       # the quality bar (the default run: 1.227 and 94.5 %)
+GRID = "adamw:4e-3:600,700,900;muon:0.02:400,500,600"
+LR_FLAG = dict(adamw="lr", muon="muon_lr")
+
+
+def parse_grid(text):
+    """'OPT:LRS:ITERS;...' -> [(optimizer, lr, max_iters)], every lr x every max_iters of each item."""
+    cells = []
+    for item in text.split(";"):
+        opt, _, rest = item.partition(":")
+        lrs, _, iters = rest.partition(":")
+        try:
+            lrs, iters = [float(x) for x in lrs.split(",")], [int(x) for x in iters.split(",")]
+        except ValueError:
+            lrs = iters = []
+        if opt not in LR_FLAG or not all(x > 0 and math.isfinite(x) for x in lrs) or not all(n > 0 for n in iters) \
+                or not lrs or not iters:
+            die(f"bad grid item {item!r} for --bar (OPT:LRS:ITERS, e.g. muon:0.02:400,500; OPT adamw or muon)")
+        cells += [(opt, lr, n) for lr in lrs for n in iters]
+    return cells
+
+
+def bench_bar(grid, argv):
+    """The pretrain stage for each (optimizer, lr, max_iters) of the grid, each in its own folder with --out_dir's
+    world; a table of tokens against quality, and --out_dir/bench_bar.json."""
+    cfg = train.parse(argv)
+    if any(a.split("=")[0] in ("--optimizer", "--max_iters", "--stage") for a in argv):
+        die("bench.py --bar sets --optimizer, --max_iters and the lr of each run from the grid; --stage is pretrain")
+    base, fresh = cfg.run.out_dir, cfg.run.fresh
+    runs = []
+    for opt, lr, n in parse_grid(grid):                     # every run's flags checked before any work
+        d = os.path.join(base, "bench_bar", f"{opt}_lr{lr:g}_iters{n}")
+        c = train.parse(argv + [f"--optimizer={opt}", f"--{LR_FLAG[opt]}={lr}", f"--max_iters={n}", f"--out_dir={d}"])
+        c.run.fresh = False                                 # --fresh: redo the runs, never the world
+        runs.append((opt, lr, n, c))
+    world = store.load_records(base).get("world")
+    diff = world and store.first_difference(world, stages.stamp(cfg, stages.BY_NAME["world"]))
+    why = "has none" if not world else f"was made with {diff}" if diff else \
+        None if store.outputs_intact(base, world) else "has changed since it was made"
+    if why:
+        die(f"bench.py --bar copies the world from --out_dir={base}, which {why}: run python train.py "
+            "--stage=world with these flags first")
+    if cfg.run.threads:
+        torch.set_num_threads(cfg.run.threads)
+    rows = []
+    for opt, lr, n, c in runs:
+        d = c.run.out_dir
+        os.makedirs(d, exist_ok=True)
+        try:
+            with store.Lock(d):
+                if store.load_records(d).get("world") != world:            # new, or another world since
+                    for name in stages.files(cfg, stages.WORLD):
+                        shutil.copy(os.path.join(base, name), os.path.join(d, name))
+                    store.save_json(store.records_path(d), dict(world=world))
+                done = store.load_records(d).get("pretrain")
+                if fresh or not done or not store.outputs_intact(d, done) or \
+                        store.first_difference(done, stages.stamp(c, stages.BY_NAME["pretrain"])):
+                    c.run.stage = "pretrain"                # (re)done; a killed run resumes its pretrain_ckpt.pt
+                    if fresh:
+                        store.remove(os.path.join(d, "pretrain_ckpt.pt"))
+                train.run_stages(c, upto="pretrain")
+        except RunError as e:
+            die(str(e), e.code)
+        except KeyboardInterrupt:
+            die("interrupted; finished runs are kept, and the same command goes on from there", 130)
+        s = store.load_json(os.path.join(d, "pretrain.json"))
+        rows.append(dict(optimizer=opt, lr=lr, max_iters=n, tokens=n * c.pretrain.batch_size * c.gpt.block_size,
+                         val_loss=s["val_loss"], wellformed_rate=s["wellformed_rate"], gold_mean=s["gold_mean"],
+                         seconds=s["seconds"], out_dir=d,
+                         meets_bar=s["val_loss"] <= BAR["val_loss"] and s["wellformed_rate"] >= BAR["wellformed_rate"]))
+    fewest = {o: min(([r["tokens"], r["seconds"], r["lr"]] for r in rows if r["optimizer"] == o and r["meets_bar"]),
+                     default=None) for o in dict.fromkeys(r["optimizer"] for r in rows)}
+    print(f"\nthe bar: validation loss <= {BAR['val_loss']} and well-formed >= {BAR['wellformed_rate']:.0%} of "
+          f"{cfg.pretrain.n_samples} samples\n")
+    print("| optimizer | lr | max_iters | tokens | val loss | well-formed | gold | seconds | meets bar |\n"
+          "|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['optimizer']} | {r['lr']:g} | {r['max_iters']} | {r['tokens']:,} | {r['val_loss']:.3f} | "
+              f"{r['wellformed_rate']:.1%} | {r['gold_mean']:+.2f} | {r['seconds']:.0f} | "
+              f"{'yes' if r['meets_bar'] else 'no'} |")
+    for o, f in fewest.items():
+        print(f"{o}: " + (f"{f[0]:,} tokens at lr {f[2]:g} ({f[1]:.0f} s)" if f else "no run meets the bar"))
+    res = dict(bar=BAR, grid=grid, flags=argv, runs=rows, fewest_tokens={o: f and f[0] for o, f in fewest.items()})
+    store.save_json(os.path.join(base, "bench_bar.json"), res)
+    return res
+
+
 def main(argv):
     if "--refs" in argv:                                    # the reference table: train.py's flags pass through
         return bench_refs([a for a in argv if a != "--refs"])
+    bar = [a for a in argv if a == "--bar" or a.startswith("--bar=")]
+    if bar:                                                 # tokens to the quality bar: train.py's flags pass through
+        return bench_bar(bar[-1].partition("=")[2] or GRID, [a for a in argv if a not in bar])
     opts = dict(threads=0, device="cpu", repeats=3, out_dir="out")
     for a in argv:
         name, _, value = a[2:].partition("=")
         if not a.startswith("--") or name not in opts:
-            die(f"unknown flag {a!r} (bench.py takes {', '.join('--' + k for k in opts)}, or --refs)")
+            die(f"unknown flag {a!r} (bench.py takes {', '.join('--' + k for k in opts)}, or --refs, --bar)")
         try:
             opts[name] = type(opts[name])(value)
         except ValueError:

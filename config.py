@@ -61,9 +61,17 @@ class PretrainConfig:
     max_iters: int = arg(900, ">0")
     batch_size: int = arg(32, ">0")
     lr: float = arg(4e-3, ">0", "peak learning rate (warmup, then cosine to min_lr)")
-    min_lr: float = arg(4e-4, ">=0")
+    min_lr: float = arg(4e-4, ">=0", "the cosine's floor (--optimizer=muon: Muon's floor is muon_lr x min_lr / lr)")
     warmup_iters: int = arg(50, ">=0")
-    weight_decay: float = arg(0.1, ">=0")
+    weight_decay: float = arg(0.1, ">=0", "AdamW's decoupled weight decay (on every parameter AdamW trains)")
+    optimizer: str = arg("adamw", help="adamw: AdamW on every parameter; muon: Muon on the blocks' 2-D weight "
+                         "matrices, AdamW (--lr, --weight_decay) on the rest (stages.pretrain_optimizer)",
+                         choices=["adamw", "muon"])
+    muon_lr: float = arg(0.02, ">0", "--optimizer=muon: Muon's peak lr (Keller Jordan's 0.02; the update is scaled "
+                         "by sqrt(max(1, rows/cols)) per matrix), on the same warmup + cosine as --lr")
+    muon_momentum: float = arg(0.95, "[0,1)", "--optimizer=muon: Muon's Nesterov momentum")
+    muon_weight_decay: float = arg(0.01, ">=0", "--optimizer=muon: Muon's decoupled weight decay (a step shrinks "
+                                   "by muon lr x this; Keller Jordan's example uses 0.01)")
     grad_clip: float = arg(1.0, ">0")
     eval_interval: int = arg(100, ">0", "iterations between validation losses and resumable checkpoints")
     eval_iters: int = arg(10, ">0", "validation batches per estimate")

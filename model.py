@@ -5,7 +5,9 @@ the critic. Left-padded batches are supported: `mask` (B, T) marks real tokens; 
 so a prompt scores the same alone or padded inside a batch.
 Shapes: B batch, T tokens, C channels, V vocabulary, H heads.
 Also here: the sequence conventions every stage shares (`encode_prompts`, `response_mask`, `masked_mean`,
-`join_tokens`) and checkpoints (written atomically, loaded with weights_only=True onto the chosen device).
+`join_tokens`) and checkpoints (written atomically, loaded with weights_only=True onto the chosen device), and the
+optimizers: fused AdamW, and what pretraining's --optimizer=muon adds (`hidden_matrices`, Muon's share;
+`Optimizers`, two as one).
 Mixed precision is bf16 autocast (`autocast`, --dtype=bf16), around whole stages.
 Left out: custom kernels, weight decay groups per parameter type, fp16 with loss scaling.
 """
@@ -162,12 +164,49 @@ def adamw(params, lr, **kw):
     return torch.optim.AdamW(params, lr=lr, fused=True, **kw)
 
 
+def hidden_matrices(model):
+    """The parameters Muon trains: the blocks' 2-D weight matrices (attention qkv and projection, the MLP's two).
+    Muon's authors (Keller Jordan's write-up and repository) prescribe it for hidden layers' matrices only: the
+    token and position embeddings, the output layer (tied to the token embedding here: one matrix) and every vector
+    (LayerNorm gains, biases) go to AdamW, which they found works better for the input and output layers."""
+    return [p for block in model.blocks for p in block.parameters() if p.ndim == 2]
+
+
+class Optimizers:
+    """Several optimizers used as one (StepGuard takes one): zero_grad, step, param_groups, state_dict (a list,
+    one per optimizer) and load_state_dict, over each in turn. Pretraining's --optimizer=muon: (Muon, AdamW)."""
+
+    def __init__(self, *opts):
+        self.opts = opts
+
+    @property
+    def param_groups(self):
+        return [g for o in self.opts for g in o.param_groups]
+
+    def zero_grad(self, set_to_none=True):
+        for o in self.opts:
+            o.zero_grad(set_to_none=set_to_none)
+
+    def step(self):
+        for o in self.opts:
+            o.step()
+
+    def state_dict(self):
+        return [o.state_dict() for o in self.opts]
+
+    def load_state_dict(self, states):
+        for o, s in zip(self.opts, states, strict=True):
+            o.load_state_dict(s)
+
+
 MAX_BAD_STEPS = 5      # non-finite steps in a row that stop a run
 
 
 class StepGuard:
     """One optimizer step per call, skipped (and counted) when the loss or the gradient is not finite, so no NaN
-    reaches the weights; MAX_BAD_STEPS skips in a row stop the run with a one-line error."""
+    reaches the weights; MAX_BAD_STEPS skips in a row stop the run with a one-line error. `opt` is one optimizer or
+    an Optimizers; under torchrun every gradient is averaged over ranks before it, so each rank's step (Muon's
+    orthogonalisation included) starts from the same gradient and the same state, and gives the same weights."""
 
     def __init__(self, what):
         self.what, self.skipped, self.in_a_row = what, 0, 0

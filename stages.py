@@ -21,7 +21,8 @@ from evaluate import (best_of_k, evaluate_policy, judge_texts, plot_bestofk, plo
                       write_report)
 from inspect_page import stage_inspect
 from kl import KLConfig
-from model import (GPT, GPTConfig, StepGuard, adamw, load_checkpoint, rng_states, save_checkpoint, set_rng_states)
+from model import (GPT, GPTConfig, Optimizers, StepGuard, adamw, hidden_matrices, load_checkpoint, rng_states,
+                   save_checkpoint, set_rng_states)
 from ppo import PPOConfig, train_ppo
 import ref as refs
 from ref import Reference, RefConfig
@@ -68,7 +69,7 @@ def stage_pretrain(cfg, stamp):
     model = GPT(gcfg).to(run.device)                        # the same on every rank: one seed
     dist.seed_rank(run.seed)                                # torchrun: then each rank its own dropout
     fwd = torch.compile(model) if pt.compile else model     # fixed shapes: compiled once
-    opt = adamw(model.parameters(), pt.lr, betas=(0.9, 0.95), weight_decay=pt.weight_decay)
+    opt = pretrain_optimizer(model, pt)
     guard, start, log, seconds = StepGuard("pretraining"), 0, [], 0.0
     ckpt_path = path(cfg, "pretrain_ckpt.pt")
     if os.path.exists(ckpt_path):
@@ -83,10 +84,9 @@ def stage_pretrain(cfg, stamp):
     model.train()
     t0 = time.time() - seconds
     for it in range(start, pt.max_iters):
-        lr = pt.lr * (it + 1) / pt.warmup_iters if it < pt.warmup_iters else pt.min_lr + 0.5 * (pt.lr - pt.min_lr) * (
-            1 + math.cos(math.pi * (it - pt.warmup_iters) / max(1, pt.max_iters - pt.warmup_iters)))   # warmup + cosine
-        for g in opt.param_groups:
-            g["lr"] = lr
+        lr = scheduled_lr(it, pt, pt.lr, pt.min_lr)            # AdamW's (the one logged)
+        for g in opt.param_groups:                          # every group on the same schedule, from its own peak
+            g["lr"] = scheduled_lr(it, pt, g["peak_lr"], g["min_lr"])
         _, loss = fwd(*get_batch("train"))
         guard.step(loss, opt, list(model.parameters()), pt.grad_clip)
         if (it + 1) % pt.eval_interval == 0 or it + 1 == pt.max_iters:
@@ -117,6 +117,36 @@ def stage_pretrain(cfg, stamp):
         print(f"  [{data.gold_score(p, r):+.2f}] {p.strip()} | {r}")
     print(f"pretrain: val loss {out['val_loss']:.3f}, well-formed {out['wellformed_rate']:.0%} of {pt.n_samples}, "
           f"gold {out['gold_mean']:+.2f} ± {out['gold_std']:.2f}, {fmt_time(seconds)}")
+
+
+def scheduled_lr(it, pt, peak, floor):
+    """Iteration it's learning rate: linear warmup to `peak`, then a cosine down to `floor` at max_iters."""
+    if it < pt.warmup_iters:
+        return peak * (it + 1) / pt.warmup_iters
+    return floor + 0.5 * (peak - floor) * (1 + math.cos(math.pi * (it - pt.warmup_iters) /
+                                                        max(1, pt.max_iters - pt.warmup_iters)))
+
+
+def pretrain_optimizer(model, pt):
+    """--optimizer=adamw: AdamW on every parameter. muon: Muon on the blocks' 2-D matrices (model.hidden_matrices,
+    as Muon's authors prescribe) and AdamW, as with adamw, on the rest (embeddings, the tied output layer, LayerNorm
+    gains, biases). Muon's own lr (--muon_lr, Keller Jordan's 0.02 with torch's "original" per-shape scaling
+    sqrt(max(1, rows/cols))), so the AdamW part keeps the lr tuned for it. Each group carries its peak and floor lr
+    (peak_lr, min_lr) for the schedule: Muon's floor is in the same ratio to its peak as AdamW's."""
+    if pt.optimizer == "adamw":
+        opt = adamw(model.parameters(), pt.lr, betas=(0.9, 0.95), weight_decay=pt.weight_decay)
+        peaks = [(pt.lr, pt.min_lr)]
+    else:
+        hidden = hidden_matrices(model)
+        mine = {id(p) for p in hidden}
+        rest = [p for p in model.parameters() if id(p) not in mine]    # parameters(): the tied matrix once
+        opt = Optimizers(torch.optim.Muon(hidden, lr=pt.muon_lr, momentum=pt.muon_momentum, nesterov=True,
+                                          weight_decay=pt.muon_weight_decay, adjust_lr_fn="original"),
+                         adamw(rest, pt.lr, betas=(0.9, 0.95), weight_decay=pt.weight_decay))
+        peaks = [(pt.muon_lr, pt.muon_lr * pt.min_lr / pt.lr), (pt.lr, pt.min_lr)]
+    for g, (peak, floor) in zip(opt.param_groups, peaks, strict=True):
+        g["peak_lr"], g["min_lr"] = peak, floor
+    return opt
 
 
 def fmt_time(s):

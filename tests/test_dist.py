@@ -1,7 +1,8 @@
 """Data parallelism on the CPU (gloo, 2 processes) against one process on the union of the ranks' data: a
-pretraining step and a PPO iteration (make_experience + ppo_update) end with the same parameters, whitening uses the
-statistics of the union; train_ppo feeds both ranks' β controllers the KL over both and each rank draws its own
-share of ptx windows (resumed exactly); `torchrun --nproc_per_node=2 train.py` writes what `python train.py` writes.
+pretraining step (AdamW; --optimizer=muon's Muon + AdamW, to bf16's rounding) and a PPO iteration (make_experience +
+ppo_update) end with the same parameters, whitening uses the statistics of the union; train_ppo feeds both ranks'
+β controllers the KL over both and each rank draws its own share of ptx windows (resumed exactly); `torchrun
+--nproc_per_node=2 train.py` writes what `python train.py` writes.
 Also the gpu preset: its config passes the checks and its model runs forward and backward in bf16 (a reduced batch,
 on the CPU)."""
 import copy, os, socket, subprocess, sys
@@ -10,6 +11,7 @@ import torch
 import torch.multiprocessing as mp
 
 import data, dist, ppo, stages, store, train
+from config import PretrainConfig
 from conftest import recording_controller
 from errors import RunError
 from kl import KLConfig
@@ -65,11 +67,14 @@ PPO_CFG = ppo.PPOConfig(rollout_batch=4, minibatch_size=4, ppo_epochs=2, ppo_lr=
 KL_CFG = KLConfig(kl_in="loss", kl_estimator="k3")
 
 
-def pretrain_step(x, y):
-    """Two steps of the pretraining loop's step (forward, StepGuard: sync, clip, AdamW) on this process's rows."""
+def pretrain_step(x, y, optimizer="adamw"):
+    """Two steps of the pretraining loop's step (forward, StepGuard: sync, clip, AdamW; or --optimizer=muon's Muon
+    and AdamW, from stages.pretrain_optimizer) on this process's rows."""
     torch.manual_seed(3)
     model = GPT(GPTConfig(block_size=16, vocab_size=50, n_layer=2, n_head=2, n_embd=32))
     opt, guard = adamw(model.parameters(), 1e-2, weight_decay=0.1), StepGuard("test")
+    if optimizer == "muon":
+        opt = stages.pretrain_optimizer(model, PretrainConfig(optimizer="muon", lr=1e-2, muon_lr=0.05))
     for _ in range(2):
         guard.step(model(x, y)[1], opt, list(model.parameters()), 0.3)      # a clip that binds
     return model.state_dict()
@@ -130,7 +135,7 @@ def _worker(rank, port, out):
     dist.init("cpu")                                                       # the path train.main takes
     share = lambda b: slice(rank * b // N, (rank + 1) * b // N)
     x, y = lm_batch()
-    res = dict(pretrain=pretrain_step(x[share(8)], y[share(8)]))
+    res = dict(pretrain=pretrain_step(x[share(8)], y[share(8)]), muon=pretrain_step(x[share(8)], y[share(8)], "muon"))
     xw, mw = whiten_data()
     res["whiten"] = ppo.whiten(xw[share(6)], mw[share(6)])
     res["ppo"] = ppo_iteration(share(4), PPO_CFG.minibatch_size // N)
@@ -172,6 +177,20 @@ def test_a_pretraining_step_on_2_ranks_equals_one_process_on_the_union(ranks):
     torch.manual_seed(3)
     before = GPT(GPTConfig(block_size=16, vocab_size=50, n_layer=2, n_head=2, n_embd=32)).state_dict()
     assert max((union[k] - before[k]).abs().max() for k in before) > 1e-2       # two steps did move the weights
+
+
+def test_a_muon_pretraining_step_on_2_ranks_equals_one_process_on_the_union(ranks):
+    """StepGuard averages every gradient before the step, so both ranks orthogonalise the same momentum: the replicas
+    stay identical. Against one process on the union: torch's Muon orthogonalises in bf16 (8 bits of mantissa) and
+    its Newton-Schulz steps amplify a rounding flip, so fp32's different sums move each tensor by up to ~3.5 % of
+    its two-step change (measured); 5 % is the bound. A rank stepping on its own half alone is 60-120 % off."""
+    union = pretrain_step(*lm_batch(), "muon")
+    assert_same(ranks[0]["muon"], ranks[1]["muon"], 0)
+    torch.manual_seed(3)
+    before = GPT(GPTConfig(block_size=16, vocab_size=50, n_layer=2, n_head=2, n_embd=32)).state_dict()
+    off = {k: float((ranks[0]["muon"][k] - union[k]).norm() / (union[k] - before[k]).norm()) for k in union}
+    assert max(off.values()) < 0.05, off
+    assert max((union[k] - ranks[0]["pretrain"][k]).abs().max() for k in union) > 1e-2    # not AdamW's step
 
 
 def test_whitening_across_ranks_equals_whitening_of_the_union(ranks):
