@@ -6,6 +6,8 @@ It measures: the machine's fp32 and bf16 matmul throughput (the ceiling), pretra
 model, rollout tokens/s with and without the KV cache, and one PPO iteration at a fixed anchor config (4 layers,
 4 heads, 128 channels, vocabulary 1024; 64 prompts of 16 tokens, 32 new tokens, sampling never stops early; 4 epochs
 x 4 minibatches; a random reward model) split into generate / experience / update, through the code train.py runs.
+Pretraining and the PPO iteration run in fp32 and in bf16 (train.py's --dtype=bf16 path: its `autocast`, each
+weight cast once per step), one after the other; the table says what --dtype=auto picks here, and why.
 (The last id stands for end-of-text in the experience, so a response that happens to sample it is masked there.)
 The update's FLOPs are counted (forward 2 per multiply-add, backward twice the forward) and divided by its time
 and by the measured matmul rate. Every timing is the median of a few repeats after a warm-up.
@@ -18,6 +20,7 @@ import dataclasses, os, statistics, sys, time
 import torch
 
 import data, stages, store, tokenizer, train
+from config import auto_dtype
 from errors import die
 from evaluate import step0_kl
 from kl import KLConfig
@@ -63,8 +66,8 @@ def anchor_models(device):
     return actor, Reference(actor), critic.eval(), rm.eval()
 
 
-def bench_ppo(device, repeats):
-    """One PPO iteration at the anchor config, through ppo.make_experience and ppo.ppo_update."""
+def bench_ppo(device, repeats, dtype="fp32"):
+    """One PPO iteration at the anchor config, through ppo.make_experience and ppo.ppo_update, in fp32 or bf16."""
     actor, ref, critic, rm = anchor_models(device)
     q = torch.randint(0, ANCHOR.vocab_size - 1, (B, TP), device=device)
     qm = torch.ones(B, TP, dtype=torch.bool, device=device)
@@ -75,13 +78,17 @@ def bench_ppo(device, repeats):
     state = {}
 
     def generate():
-        state["resp"] = actor.generate(q, R, 1.0, eos=None, mask=qm)[0]
+        with autocast(device, dtype):                                  # as train.py holds it around a stage
+            state["resp"] = actor.generate(q, R, 1.0, eos=None, mask=qm)[0]
 
     def experience():
-        state["batch"] = make_experience(actor, critic, ref, ref, rm, q, qm, state["resp"], eos, 0.05, kc, cfg, 1.0)[0]
+        with autocast(device, dtype):
+            state["batch"] = make_experience(actor, critic, ref, ref, rm, q, qm, state["resp"], eos, 0.05, kc, cfg,
+                                             1.0)[0]
 
     def update():
-        ppo_update(actor, critic, opts, guards, state["batch"], cfg, 1.0, 0.05, kc)
+        with autocast(device, dtype):
+            ppo_update(actor, critic, opts, guards, state["batch"], cfg, 1.0, 0.05, kc)
 
     t = {name: timed(fn, repeats) for name, fn in (("generate", generate), ("experience", experience),
                                                     ("update", update))}
@@ -169,9 +176,12 @@ def main(argv):
                matmul_fp32=matmul_flops(torch.float32, dev), matmul_bf16=matmul_flops(torch.bfloat16, dev),
                pretrain_tokens_per_s=bench_pretrain(dev, n), pretrain_bf16_tokens_per_s=bench_pretrain(dev, n, "bf16"))
     res["rollout_tokens_per_s_kv_cache"], res["rollout_tokens_per_s_no_cache"] = bench_rollout(dev, n)
-    ppo = bench_ppo(dev, n)
+    ppo, ppo_bf16 = bench_ppo(dev, n), bench_ppo(dev, n, "bf16")
     res.update({f"ppo_{k}_s": v for k, v in ppo.items() if k != "update_flops"})
+    res.update({f"ppo_bf16_{k}_s": v for k, v in ppo_bf16.items() if k != "update_flops"})
     res["ppo_iteration_s"] = ppo["generate"] + ppo["experience"] + ppo["update"]
+    res["ppo_bf16_iteration_s"] = ppo_bf16["generate"] + ppo_bf16["experience"] + ppo_bf16["update"]
+    res["dtype_auto"], res["dtype_auto_why"] = auto_dtype(dev)
     res["ppo_update_gflop"] = ppo["update_flops"] / 1e9
     res["ppo_update_fraction_of_matmul"] = ppo["update_flops"] / ppo["update"] / res["matmul_fp32"]
     res["seconds"] = time.time() - t0
@@ -184,7 +194,10 @@ def main(argv):
             ("PPO iteration (anchor)", f"{res['ppo_iteration_s']:.3f} s"),
             ("  generate", f"{res['ppo_generate_s']:.3f} s"), ("  experience", f"{res['ppo_experience_s']:.3f} s"),
             ("  update", f"{res['ppo_update_s']:.3f} s ({res['ppo_update_gflop']:.0f} GFLOP, "
-                         f"{res['ppo_update_fraction_of_matmul']:.0%} of fp32 matmul)")]
+                         f"{res['ppo_update_fraction_of_matmul']:.0%} of fp32 matmul)"),
+            ("PPO iteration, bf16 autocast (--dtype=bf16)", f"{res['ppo_bf16_iteration_s']:.3f} s"),
+            *[(f"  {k}", f"{res[f'ppo_bf16_{k}_s']:.3f} s") for k in ("generate", "experience", "update")],
+            ("--dtype=auto here", f"{res['dtype_auto']}: {res['dtype_auto_why']}")]
     print(f"bench.py on {dev}, {res['threads']} threads, torch {res['torch']} ({res['seconds']:.0f} s)\n")
     print("| what | measured |\n|---|---|\n" + "\n".join(f"| {a} | {b} |" for a, b in rows))
     os.makedirs(opts["out_dir"], exist_ok=True)
