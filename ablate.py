@@ -30,7 +30,7 @@ import torch
 import data, stages, store, tokenizer, train
 from errors import RunError, die
 from evaluate import best_of_k, evaluate_policy, plot_bestofk, sample_texts
-from model import load_checkpoint
+from model import autocast, load_checkpoint
 from tables import (DEFAULT_CONDITION, beta_table, bestofk_cells, bestofk_curves, bestofk_table, plot, ref_table,
                     summarise, verifiable_columns)
 
@@ -194,7 +194,8 @@ def one_run(job):
         for n in [RECORD] + st.outputs + stray + ([st.partial] if cfg.run.fresh else []):   # the record goes first
             store.remove(os.path.join(run_dir, n))
         stages.seed_everything(seed)
-        stages.run_ppo(cfg, base, run_dir, stamp, log=lambda line: None)
+        with autocast(cfg.run.device, cfg.run.dtype):                # --dtype=bf16, as train.py runs the stage
+            stages.run_ppo(cfg, base, run_dir, stamp, log=lambda line: None)
         store.save_json(os.path.join(run_dir, RECORD),       # last: a run killed before this line is done again
                         dict(store.make_record(run_dir, stamp["config"], [], st.outputs), inputs=stamp["inputs"]))
     s = store.load_json(os.path.join(run_dir, "ppo.json"))
@@ -211,9 +212,10 @@ def baseline_row(cfg, base, seed):
     actor, ref, rm = stages.load_models(base, run.device)
     stages.seed_everything(seed + 1)
     heldout = data.load_prompts(base)["heldout"]
-    final, _ = evaluate_policy(actor, enc, heldout, run, ref, rm, cfg.ppo.n_eval)
-    stages.seed_everything(seed + 2)                                # as run_ppo samples each actor's best-of-k
-    b = best_of_k(actor, enc, heldout, run, cfg.ppo.bestofk_n, cfg.ppo.pass_gold, cfg.ppo.n_eval)
+    with autocast(run.device, run.dtype):                           # in the runs' precision
+        final, _ = evaluate_policy(actor, enc, heldout, run, ref, rm, cfg.ppo.n_eval)
+        stages.seed_everything(seed + 2)                            # as run_ppo samples each actor's best-of-k
+        b = best_of_k(actor, enc, heldout, run, cfg.ppo.bestofk_n, cfg.ppo.pass_gold, cfg.ppo.n_eval)
     return dict(condition="pretrained", seed=seed, **final, kl_coef_final=None, seconds=0.0, entropy=float("nan"),
                 s_per_iter=0.0, critic_mb=0.0, **bestofk_cells(b))
 

@@ -6,6 +6,8 @@ It measures: the machine's fp32 and bf16 matmul throughput (the ceiling), pretra
 model, rollout tokens/s with and without the KV cache, and one PPO iteration at a fixed anchor config (4 layers,
 4 heads, 128 channels, vocabulary 1024; 64 prompts of 16 tokens, 32 new tokens, sampling never stops early; 4 epochs
 x 4 minibatches; a random reward model) split into generate / experience / update, through the code train.py runs.
+Pretraining and the PPO iteration run in fp32 and in bf16 (train.py's --dtype=bf16 path: its `autocast`, each
+weight cast once per step), one after the other; the table says what --dtype=auto picks here, and why.
 (The last id stands for end-of-text in the experience, so a response that happens to sample it is masked there.)
 The update's FLOPs are counted (forward 2 per multiply-add, backward twice the forward) and divided by its time
 and by the measured matmul rate. Every timing is the median of a few repeats after a warm-up. The same update on
@@ -28,6 +30,7 @@ import dataclasses, math, os, shutil, statistics, sys, time
 import torch
 
 import data, stages, store, tokenizer, train
+from config import auto_dtype
 from errors import RunError, die
 from evaluate import step0_kl
 from kl import KLConfig
@@ -73,9 +76,10 @@ def anchor_models(device):
     return actor, Reference(actor), critic.eval(), rm.eval()
 
 
-def ppo_anchor(device):
-    """One PPO iteration at the anchor config as its three phases, through ppo.make_experience and ppo.ppo_update:
-    {name: function of no arguments}, to call in order (generate, experience, update). bench_trl.py runs them too."""
+def ppo_anchor(device, dtype="fp32"):
+    """One PPO iteration at the anchor config as its three phases, through ppo.make_experience and ppo.ppo_update,
+    in fp32 or bf16: {name: function of no arguments}, to call in order (generate, experience, update).
+    bench_trl.py runs them too."""
     actor, ref, critic, rm = anchor_models(device)
     q = torch.randint(0, ANCHOR.vocab_size - 1, (B, TP), device=device)
     qm = torch.ones(B, TP, dtype=torch.bool, device=device)
@@ -86,19 +90,23 @@ def ppo_anchor(device):
     state = {}
 
     def generate():
-        state["resp"] = actor.generate(q, R, 1.0, eos=None, mask=qm)[0]
+        with autocast(device, dtype):                                  # as train.py holds it around a stage
+            state["resp"] = actor.generate(q, R, 1.0, eos=None, mask=qm)[0]
 
     def experience():
-        state["batch"] = make_experience(actor, critic, ref, ref, rm, q, qm, state["resp"], eos, 0.05, kc, cfg, 1.0)[0]
+        with autocast(device, dtype):
+            state["batch"] = make_experience(actor, critic, ref, ref, rm, q, qm, state["resp"], eos, 0.05, kc, cfg,
+                                             1.0)[0]
 
     def update():
-        ppo_update(actor, critic, opts, guards, state["batch"], cfg, 1.0, 0.05, kc)
+        with autocast(device, dtype):
+            ppo_update(actor, critic, opts, guards, state["batch"], cfg, 1.0, 0.05, kc)
     return dict(generate=generate, experience=experience, update=update)
 
 
-def bench_ppo(device, repeats):
+def bench_ppo(device, repeats, dtype="fp32"):
     """The anchor's PPO iteration, each phase timed on its own (ppo_anchor), and the update's FLOPs."""
-    t = {name: timed(fn, repeats) for name, fn in ppo_anchor(device).items()}
+    t = {name: timed(fn, repeats) for name, fn in ppo_anchor(device, dtype).items()}
     tokens = B * (TP + R - 1)                                          # one forward over prompt + response
     ctx = (TP + R) / 2                                                 # mean attention span
     per_token = 3 * (forward_flops_per_token(ANCHOR, ctx) + forward_flops_per_token(ANCHOR, ctx, lm_head=False))
@@ -297,9 +305,12 @@ def main(argv):
                matmul_fp32=matmul_flops(torch.float32, dev), matmul_bf16=matmul_flops(torch.bfloat16, dev),
                pretrain_tokens_per_s=bench_pretrain(dev, n), pretrain_bf16_tokens_per_s=bench_pretrain(dev, n, "bf16"))
     res["rollout_tokens_per_s_kv_cache"], res["rollout_tokens_per_s_no_cache"] = bench_rollout(dev, n)
-    ppo = bench_ppo(dev, n)
+    ppo, ppo_bf16 = bench_ppo(dev, n), bench_ppo(dev, n, "bf16")
     res.update({f"ppo_{k}_s": v for k, v in ppo.items() if k != "update_flops"})
+    res.update({f"ppo_bf16_{k}_s": v for k, v in ppo_bf16.items() if k != "update_flops"})
     res["ppo_iteration_s"] = ppo["generate"] + ppo["experience"] + ppo["update"]
+    res["ppo_bf16_iteration_s"] = ppo_bf16["generate"] + ppo_bf16["experience"] + ppo_bf16["update"]
+    res["dtype_auto"], res["dtype_auto_why"] = auto_dtype(dev)
     res["ppo_update_gflop"] = ppo["update_flops"] / 1e9
     res["ppo_update_fraction_of_matmul"] = ppo["update_flops"] / ppo["update"] / res["matmul_fp32"]
     res.update({f"ppo_varlen_{k}": v for k, v in bench_minibatch_order(dev, n).items()})
@@ -316,7 +327,10 @@ def main(argv):
                          f"{res['ppo_update_fraction_of_matmul']:.0%} of fp32 matmul)"),
             ("PPO update, lengths 4..32: shuffle / length", f"{res['ppo_varlen_update_shuffle_s']:.3f} s / "
              f"{res['ppo_varlen_update_length_s']:.3f} s (padding {res['ppo_varlen_padded_shuffle']:.0%} / "
-             f"{res['ppo_varlen_padded_length']:.0%})")]
+             f"{res['ppo_varlen_padded_length']:.0%})"),
+            ("PPO iteration, bf16 autocast (--dtype=bf16)", f"{res['ppo_bf16_iteration_s']:.3f} s"),
+            *[(f"  {k}", f"{res[f'ppo_bf16_{k}_s']:.3f} s") for k in ("generate", "experience", "update")],
+            ("--dtype=auto here", f"{res['dtype_auto']}: {res['dtype_auto_why']}")]
     print(f"bench.py on {dev}, {res['threads']} threads, torch {res['torch']} ({res['seconds']:.0f} s)\n")
     print("| what | measured |\n|---|---|\n" + "\n".join(f"| {a} | {b} |" for a, b in rows))
     os.makedirs(opts["out_dir"], exist_ok=True)

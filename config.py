@@ -40,8 +40,9 @@ class RunConfig:
                     "ablate.py's seed + k)")
     device: str = arg("auto", help="auto (cuda when available), cpu or cuda", choices=["auto", "cpu", "cuda"])
     threads: int = arg(0, ">=0", "torch CPU threads; 0 = torch's default")
-    dtype: str = arg("fp32", help="precision of every forward: fp32, or bf16 autocast (with TF32 for what stays fp32 "
-                     "on CUDA)", choices=["fp32", "bf16"])
+    dtype: str = arg("fp32", help="precision of every forward: fp32, bf16 autocast (fp32 weights and optimizer, "
+                     "each weight cast once per step; TF32 for what stays fp32 on CUDA), or auto: bf16 where the "
+                     "device multiplies bf16 natively (auto_dtype), else fp32", choices=["fp32", "bf16", "auto"])
     temperature: float = arg(1.0, ">=0.01", "one temperature everywhere: sampling, old, reference, training "
                              "log-probs; below 0.01 sampling is greedy anyway and fp32 log-probs lose precision")
     response_length: int = arg(64, ">0", "most response tokens sampled; prompt + response must fit block_size")
@@ -196,6 +197,21 @@ def check(cfg):
     if run.device == "cuda" and not torch.cuda.is_available():
         die("--device=cuda but torch sees no CUDA device here (use --device=cpu or auto)")
     run.device = run.device if run.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
+    run.dtype = run.dtype if run.dtype != "auto" else auto_dtype(run.device)[0]     # the stamps hold what runs
+
+
+def auto_dtype(device):
+    """--dtype=auto on `device` (cpu or cuda): (bf16 or fp32, why). bf16 where the hardware multiplies bf16
+    natively: a CUDA device with bf16 units (not emulated), a CPU with AVX512-BF16 or AMX-BF16 (x86) or BF16
+    (ARM); elsewhere bf16 matmuls are emulated, slower than fp32."""
+    import torch
+    if device.startswith("cuda"):
+        ok = torch.cuda.is_bf16_supported(including_emulation=False)
+        return ("bf16", "the CUDA device has bf16 units") if ok else ("fp32", "the CUDA device emulates bf16")
+    caps = torch.cpu.get_capabilities()
+    found = [k for k in ("avx512_bf16", "amx_bf16", "bf16", "sve_bf16") if caps.get(k)]
+    return ("bf16", f"the CPU has {', '.join(found)}") if found else \
+        ("fp32", "the CPU has no native bf16 instructions (avx512_bf16, amx_bf16, bf16)")
 
 
 def check_world(cfg, enc, prompts, split_tokens):

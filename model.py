@@ -5,14 +5,16 @@ the critic. Left-padded batches are supported: `mask` (B, T) marks real tokens; 
 so a prompt scores the same alone or padded inside a batch.
 Shapes: B batch, T tokens, C channels, V vocabulary, H heads.
 Also here: the sequence conventions every stage shares (`encode_prompts`, `response_mask`, `masked_mean`,
-`join_tokens`) and checkpoints (written atomically, loaded with weights_only=True onto the chosen device), and the
+`join_tokens`), checkpoints (written atomically, loaded with weights_only=True onto the chosen device), and the
 optimizers: fused AdamW, and what pretraining's --optimizer=muon adds (`hidden_matrices`, Muon's share;
 `Optimizers`, two as one).
-Mixed precision is bf16 autocast (`autocast`, --dtype=bf16), around whole stages.
+Mixed precision (--dtype=bf16) is torch.autocast around each stage (`autocast`) with its weight cache off, and
+`cast_once` windows, inside which each trainable weight is cast to bf16 once: one `generate`, one PPO minibatch's
+forwards. Weights, gradients and AdamW's states stay fp32; log-probs, KL and losses are taken in fp32.
 Left out: custom kernels, weight decay groups per parameter type, fp16 with loss scaling.
 """
 from dataclasses import dataclass, asdict
-import math
+import contextlib, math
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
@@ -125,35 +127,36 @@ class GPT(nn.Module):
         Each row stops at `eos`; later positions hold `eos` with log-prob 0. Returns tokens (B, R) and the log-probs
         (B, R) of the sampled tokens under the distribution they were drawn from (temperature, then top-k).
         Rows that have ended leave the batch (and the cache), so a long straggler does not cost the whole batch."""
-        B, Tp = idx.shape
-        mask = torch.ones(B, Tp, dtype=torch.bool, device=idx.device) if mask is None else mask
-        cache = [None] * self.config.n_layer
-        logits = self.lm_head(self.hidden(idx, mask, cache)[:, -1])     # (B, V) prefill the prompt
-        toks = torch.full((B, max_new_tokens), 0 if eos is None else eos, dtype=torch.long, device=idx.device)
-        logps = torch.zeros(B, max_new_tokens, device=idx.device)
-        rows = torch.arange(B, device=idx.device)                       # (b,) where each live row belongs
-        for t in range(max_new_tokens):
-            if not torch.isfinite(logits).all():              # sampling from NaN would fail obscurely
-                raise RunError("the model's logits are not finite while sampling: training diverged", 1)
-            logits = logits.float() / temperature
-            if top_k is not None and top_k < logits.size(-1):
-                kth = torch.topk(logits, top_k).values[:, -1:]
-                logits = logits.masked_fill(logits < kth, float("-inf"))
-            logp = F.log_softmax(logits, dim=-1)                # (b, V)
-            tok = torch.multinomial(logp.exp(), 1)              # (b, 1)
-            toks[rows, t], logps[rows, t] = tok[:, 0], logp.gather(1, tok)[:, 0]
-            if t + 1 == max_new_tokens:
-                break
-            if eos is not None:
-                live = tok[:, 0] != eos                          # (b,)
-                if not live.all():
-                    if not live.any():
-                        break
-                    rows, tok, mask = rows[live], tok[live], mask[live]
-                    cache[:] = [(k[live], v[live]) for k, v in cache]
-            mask = torch.cat([mask, torch.ones_like(tok, dtype=torch.bool)], 1)
-            logits = self.lm_head(self.hidden(tok, mask, cache)[:, -1])   # (b, V)
-        return toks[:, :t + 1], logps[:, :t + 1]                 # (B, R), (B, R)
+        with cast_once(self):                      # bf16: the weights cast once, not once per token
+            B, Tp = idx.shape
+            mask = torch.ones(B, Tp, dtype=torch.bool, device=idx.device) if mask is None else mask
+            cache = [None] * self.config.n_layer
+            logits = self.lm_head(self.hidden(idx, mask, cache)[:, -1])     # (B, V) prefill the prompt
+            toks = torch.full((B, max_new_tokens), 0 if eos is None else eos, dtype=torch.long, device=idx.device)
+            logps = torch.zeros(B, max_new_tokens, device=idx.device)
+            rows = torch.arange(B, device=idx.device)                       # (b,) where each live row belongs
+            for t in range(max_new_tokens):
+                if not torch.isfinite(logits).all():              # sampling from NaN would fail obscurely
+                    raise RunError("the model's logits are not finite while sampling: training diverged", 1)
+                logits = logits.float() / temperature
+                if top_k is not None and top_k < logits.size(-1):
+                    kth = torch.topk(logits, top_k).values[:, -1:]
+                    logits = logits.masked_fill(logits < kth, float("-inf"))
+                logp = F.log_softmax(logits, dim=-1)                # (b, V)
+                tok = torch.multinomial(logp.exp(), 1)              # (b, 1)
+                toks[rows, t], logps[rows, t] = tok[:, 0], logp.gather(1, tok)[:, 0]
+                if t + 1 == max_new_tokens:
+                    break
+                if eos is not None:
+                    live = tok[:, 0] != eos                          # (b,)
+                    if not live.all():
+                        if not live.any():
+                            break
+                        rows, tok, mask = rows[live], tok[live], mask[live]
+                        cache[:] = [(k[live], v[live]) for k, v in cache]
+                mask = torch.cat([mask, torch.ones_like(tok, dtype=torch.bool)], 1)
+                logits = self.lm_head(self.hidden(tok, mask, cache)[:, -1])   # (b, V)
+            return toks[:, :t + 1], logps[:, :t + 1]                 # (B, R), (B, R)
 
     def num_params(self):
         return sum(p.numel() for p in self.parameters())
@@ -235,8 +238,38 @@ def autocast(device, dtype):
     old log-probs, the reference and the update, so the first ratio is 1 and the first KL 0. Weights, gradients and
     optimizer states stay fp32, and log-probs are taken in fp32 (response_logits), so no loss scaling is needed."""
     # cache_enabled=False: autocast caches the bf16 copy of each weight until the context exits; a context held
-    # around a whole stage would then train fp32 weights while every forward kept reading their first bf16 copy
+    # around a whole stage would then train fp32 weights while every forward kept reading their first bf16 copy.
+    # `cast_once` turns the cache on where no weight can change.
+    assert dtype in ("fp32", "bf16"), f"dtype {dtype!r}: --dtype=auto is resolved by config.check"
     return torch.autocast(device.split(":")[0], torch.bfloat16, enabled=dtype == "bf16", cache_enabled=False)
+
+
+def bf16_autocast(device_type):
+    """True inside bf16 autocast on this kind of device (--dtype=bf16's `autocast`)."""
+    return torch.is_autocast_enabled(device_type) and torch.get_autocast_dtype(device_type) == torch.bfloat16
+
+
+@contextlib.contextmanager
+def cast_once(*models):
+    """Within, under bf16 autocast, each trainable weight is cast to bf16 once and that copy serves every forward
+    (autocast's weight cache: it holds fp32 leaves that require grad, so frozen weights are still cast per forward:
+    ref.py gives the reference its own bf16 copy). The copies are dropped on exit, so the first forward after an
+    optimizer step casts the new weights. No weight of `models` may change inside: checked on exit. fp32: a no-op.
+    A window pays where a weight is read more than once: generate reads it once per token."""
+    if not any(torch.is_autocast_enabled(d) for d in ("cpu", "cuda")):
+        yield
+        return
+    params = [p for m in models if m is not None for p in m.parameters() if p.requires_grad]
+    before = [p._version for p in params]                  # bumped by every in-place change (optimizer, copy_)
+    was = torch.is_autocast_cache_enabled()
+    torch.set_autocast_cache_enabled(True)
+    try:
+        yield
+    finally:
+        torch.set_autocast_cache_enabled(was)
+        torch.clear_autocast_cache()                       # torch.autocast clears it only when the outermost exits
+    if [p._version for p in params] != before:
+        raise RuntimeError("a weight changed inside cast_once: the forwards after the change read its old bf16 copy")
 
 
 def rng_states():

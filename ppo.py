@@ -35,8 +35,8 @@ import data, dist, grpo, store
 from config import arg
 from errors import RunError
 from kl import FULL, kl_full, make_kl_controller, per_token_kl, shaped_rewards
-from model import (StepGuard, adamw, encode_prompts, entropy_from_logits, join_tokens, masked_mean, response_logits,
-                   response_mask, rng_states, set_rng_states, token_logprobs)
+from model import (StepGuard, adamw, cast_once, encode_prompts, entropy_from_logits, join_tokens, masked_mean,
+                   response_logits, response_mask, rng_states, set_rng_states, token_logprobs)
 from ref import Reference, Rollback, load_trainable
 from reward import gold_scores, response_values, score as reward_score
 
@@ -188,25 +188,8 @@ def ppo_update(actor, critic, opts, guards, batch, cfg, temperature, beta=0.0, k
             n = int(mb["mask"].sum(1).max())          # this minibatch's longest response: the rest is padding
             mb = {k: v if k.startswith("query") else v[:, :n] for k, v in mb.items()}
             q, qm, resp, mask = mb["query"], mb["query_mask"], mb["response"], mb["mask"]
-            logits = response_logits(actor, q, qm, resp, temperature)                           # (b, R, V)
-            logprobs = token_logprobs(logits, resp)                                              # (b, R)
-            pg_loss, clipfrac, approxkl, ratio = policy_loss(logprobs, mb["old_logprobs"], mb["advantages"], mask,
-                                                              cfg.cliprange)
-            entropy = masked_mean(entropy_from_logits(logits if cfg.ent_coef else logits.detach()), mask)
-            actor_loss = pg_loss - cfg.ent_coef * entropy
-            kl_loss = torch.zeros(())
-            if kl_cfg is not None and kl_cfg.kl_in == "loss":      # the estimator, differentiated, summed per sequence
-                kl = per_token_kl(kl_cfg.kl_estimator, logprobs, mb["ref_logprobs"], logits, mb.get("ref_logits"), mask)
-                kl_loss = torch.where(mask, kl, 0.0).sum(1).mean()
-                actor_loss = actor_loss + beta * kl_loss
-            ptx_loss = torch.zeros(())
-            if cfg.ptx_coef > 0:                                     # InstructGPT's pretraining mix
-                _, ptx_loss = actor(*ptx_batch())
-                actor_loss = actor_loss + cfg.ptx_coef * ptx_loss
-            vf_loss = vf_clipfrac = torch.zeros(())
-            if critic is not None:                            # grpo, rloo: no critic, no value loss (opts: the actor's)
-                vpred = response_values(critic, q, qm, resp)                                    # (b, R)
-                vf_loss, vf_clipfrac = value_loss(vpred, mb["values"], mb["returns"], mask, cfg.cliprange_value)
+from model import (StepGuard, adamw, cast_once, encode_prompts, entropy_from_logits, join_tokens, masked_mean,
+                   response_logits,
                 guards[1].step(vf_loss, opts[1], list(critic.parameters()), cfg.max_grad_norm)
             if not stats["ratio_dev_first"]:
                 dev = (torch.exp(logprobs - mb["old_logprobs"]) - 1).abs()

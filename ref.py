@@ -12,7 +12,8 @@ uses the same temperature as sampling. `--ref=` chooses how it is held (`make_re
     shared_n  actor and reference share the embeddings and the bottom n blocks (frozen, stored once, TRL's
               num_shared_layers); the top blocks and the final LayerNorm are trained and kept twice
 full, lora and shared_n start at exactly KL 0; half and quantized references do not (evaluate.step0_kl
-measures it).
+measures it). Under --dtype=bf16 a reference scores through `bf16_model`: its matmul weights cast to bf16 once, not
+at every forward (bit for bit what autocast computes; lora's frozen bases are still cast at every forward).
 A moving anchor (ppo.py, --ref_update=sync or reset) is a second, full Reference that `mix` moves towards the actor;
 the frozen π_ref stays bit for bit the pretrained model. `memory_bytes` says what each choice holds. `Rollback`
 (--kl_max): restore the last state under the limit (the moving anchor with it), with β raised (again at each
@@ -27,7 +28,7 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from config import arg, RunError
-from model import GPT, GPTConfig, response_logits, token_logprobs
+from model import GPT, GPTConfig, bf16_autocast, response_logits, token_logprobs
 
 KINDS = ["full", "bf16", "fp16", "int8", "nf4", "lora", "shared_<n>"]
 
@@ -69,15 +70,36 @@ class Reference:
     def __init__(self, actor, share=False, exact=True, copy=True):
         self.model = _frozen_copy(actor) if copy else actor
         self.share, self.exact = share, exact
+        self.cast = None                        # --dtype=bf16: (what it was cast from, the bf16 copy): `bf16_model`
 
     @torch.no_grad()
     def logits(self, query, query_mask, response, temperature):
         """(B, R, V) temperature-scaled fp32 logits at the response positions. A half-precision copy (bf16, fp16)
         computes in its own precision also under --dtype=bf16: autocast would feed fp16 LayerNorms bf16 inputs."""
         half = self.model.lm_head.weight.dtype != torch.float32
+        model = self.bf16_model() if not half and not self.share and bf16_autocast(query.device.type) else self.model
         with torch.autocast(query.device.type, enabled=False) if half else contextlib.nullcontext(), \
                 adapters_off(self.model) if self.share else contextlib.nullcontext():
-            return response_logits(self.model, query, query_mask, response, temperature)
+            return response_logits(model, query, query_mask, response, temperature)
+
+    def bf16_model(self):
+        """The model with every nn.Linear's weight and bias cast to bf16 once (a copy; remade when one of them has
+        changed since: mix, load_state_dict), the rest shared. autocast casts a frozen weight again at every forward
+        (its cache holds only weights that require grad), the same fp32 values to the same bf16 ones, so under bf16
+        autocast this copy gives autocast's own numbers bit for bit; embeddings and LayerNorms, which autocast leaves
+        in fp32, are the same tensors (the output layer is untied from the embedding in the copy alone)."""
+        lins = [m for m in self.model.modules() if isinstance(m, nn.Linear)]
+        key = [(t.data_ptr(), t._version) for m in lins for t in (m.weight, m.bias) if t is not None]
+        if self.cast is None or self.cast[0] != key:
+            shared = [*self.model.parameters(), *self.model.buffers()]
+            model = copy.deepcopy(self.model, {id(t): t for t in shared})       # new modules, the same tensors
+            for m in model.modules():
+                if isinstance(m, nn.Linear):
+                    for name in ("weight", "bias"):
+                        if getattr(m, name) is not None:
+                            setattr(m, name, nn.Parameter(getattr(m, name).to(torch.bfloat16), requires_grad=False))
+            self.cast = (key, model)
+        return self.cast[1]
 
     @torch.no_grad()
     def logprobs(self, query, query_mask, response, temperature):

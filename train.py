@@ -111,10 +111,10 @@ def run_stages(cfg, upto=None):
                 for n in later.outputs:
                     store.remove(path(cfg, n))
             store.save_json(store.records_path(out), records)
-        print(f"---- stage {st.name} ----", flush=True)
+        print(f"---- stage {st.name} ---- ({cfg.run.dtype})", flush=True)     # --dtype=auto: what it chose
         seed_everything(cfg.run.seed)
         t = time.time()
-        with autocast(cfg.run.device, cfg.run.dtype):    # fp32: no-op; bf16: every forward of the stage
+        with autocast(cfg.run.device, cfg.run.dtype):    # fp32: no-op; bf16: every forward of the stage (model.py)
             st.fn(cfg, stamp(cfg, st))
         if st.name == "world":
             world_ok(cfg)
