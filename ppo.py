@@ -21,9 +21,8 @@ One iteration (find `# ---- ppo loop ----`), as in lm-human-preferences and TRL:
     log, save   one metrics dict and log line per iteration; a resumable state every save_interval iterations
 Shapes: B batch, Tp prompt tokens (left-padded), R response tokens, V vocabulary; mask (B, R) is true up to and
 including end-of-text. Names follow lm-human-preferences and TRL: lastgaelam, vpredclipped, pg_losses, whiten.
-Under torchrun (dist.py) each rank samples its share of rollout_batch and trains on minibatches of its share of
-minibatch_size (ptx: its share of windows, from its own stream); gradients are averaged, advantages whitened and β
-fed with statistics over all ranks, metrics reduced.
+Under torchrun (dist.py) each rank samples its share of rollout_batch, trains on minibatches of its share of
+minibatch_size (ptx: own windows); gradients averaged, advantages whitened, β fed over all ranks, metrics reduced.
 Left out: a value head sharing the actor's trunk, reward whitening, early stopping on approx-KL.
 """
 from collections import defaultdict
@@ -188,8 +187,26 @@ def ppo_update(actor, critic, opts, guards, batch, cfg, temperature, beta=0.0, k
             n = int(mb["mask"].sum(1).max())          # this minibatch's longest response: the rest is padding
             mb = {k: v if k.startswith("query") else v[:, :n] for k, v in mb.items()}
             q, qm, resp, mask = mb["query"], mb["query_mask"], mb["response"], mb["mask"]
-from model import (StepGuard, adamw, cast_once, encode_prompts, entropy_from_logits, join_tokens, masked_mean,
-                   response_logits,
+            with cast_once(actor, critic):      # bf16: each weight cast once for this step's forwards (ptx: twice)
+                logits = response_logits(actor, q, qm, resp, temperature)                       # (b, R, V)
+                logprobs = token_logprobs(logits, resp)                                          # (b, R)
+                pg_loss, clipfrac, approxkl, ratio = policy_loss(logprobs, mb["old_logprobs"], mb["advantages"],
+                                                                  mask, cfg.cliprange)
+                entropy = masked_mean(entropy_from_logits(logits if cfg.ent_coef else logits.detach()), mask)
+                actor_loss = pg_loss - cfg.ent_coef * entropy
+                kl_loss = ptx_loss = vf_loss = vf_clipfrac = torch.zeros(())      # unless their term is on
+                if kl_cfg is not None and kl_cfg.kl_in == "loss":  # the estimator, differentiated, summed per sequence
+                    kl = per_token_kl(kl_cfg.kl_estimator, logprobs, mb["ref_logprobs"], logits, mb.get("ref_logits"),
+                                      mask)
+                    kl_loss = torch.where(mask, kl, 0.0).sum(1).mean()
+                    actor_loss = actor_loss + beta * kl_loss
+                if cfg.ptx_coef > 0:                                 # InstructGPT's pretraining mix
+                    _, ptx_loss = actor(*ptx_batch())
+                    actor_loss = actor_loss + cfg.ptx_coef * ptx_loss
+                if critic is not None:                        # grpo, rloo: no critic, no value loss (opts: the actor's)
+                    vpred = response_values(critic, q, qm, resp)                                # (b, R)
+                    vf_loss, vf_clipfrac = value_loss(vpred, mb["values"], mb["returns"], mask, cfg.cliprange_value)
+            if critic is not None:                            # the steps after the window: no stale bf16 copy
                 guards[1].step(vf_loss, opts[1], list(critic.parameters()), cfg.max_grad_norm)
             if not stats["ratio_dev_first"]:
                 dev = (torch.exp(logprobs - mb["old_logprobs"]) - 1).abs()
