@@ -1,6 +1,6 @@
 """Where the time goes, measured in one process on this machine: a table, and out/bench.json.
 
-    python bench.py                 # about a minute on 2 cores
+    python bench.py                 # 1 to 4 minutes on 2 cores (bf16 is slow where the CPU emulates it)
     python bench.py --threads=1     # any thread count; --device=cuda where there is one
 It measures: the machine's fp32 and bf16 matmul throughput (the ceiling), pretraining tokens/s on the default
 model, rollout tokens/s with and without the KV cache, and one PPO iteration at a fixed anchor config (4 layers,
@@ -277,6 +277,9 @@ def bench_bar(grid, argv):
 
 
 def main(argv):
+    if "--help" in argv or "-h" in argv:                    # the docstring says every mode and flag
+        print(__doc__)
+        return
     if "--refs" in argv:                                    # the reference table: train.py's flags pass through
         return bench_refs([a for a in argv if a != "--refs"])
     bar = [a for a in argv if a == "--bar" or a.startswith("--bar=")]
