@@ -2,7 +2,7 @@
 modules, against what stages.pretrain_optimizer gives it), the warmup + cosine schedule on every group, a smoke
 pretraining that learns (and, at this budget, faster than AdamW), a kill and resume that ends bit for bit as the
 uninterrupted run, the flag's bad values and stale stages refused; and bench.py --bar, whose rows are those runs.
-The runs go through train.main on one smoke world (--stage=world, then --stage=pretrain), 80 iterations."""
+The runs go through train.main on one smoke world (--stage=world, then --stage=pretrain), 60 iterations."""
 import dataclasses, math, os, shutil
 import pytest
 import torch
@@ -12,7 +12,7 @@ import stages, store, train
 from config import PretrainConfig
 from model import GPT, GPTConfig, Optimizers
 
-SMOKE = ["--preset=smoke", "--max_iters=80", "--eval_interval=20", "--warmup_iters=8", "--muon_lr=0.03",
+SMOKE = ["--preset=smoke", "--max_iters=60", "--eval_interval=15", "--warmup_iters=8", "--muon_lr=0.03",
          "--muon_momentum=0.9"]
 MUON = SMOKE + ["--optimizer=muon"]
 WORLD = stages.WORLD + ["stages.json"]
@@ -97,20 +97,20 @@ def test_every_group_follows_the_warmup_and_cosine_from_its_own_peak(muon):
 def test_a_muon_pretraining_learns_and_beats_adamw_at_this_budget(muon, world, tmp_path):
     log = muon["summary"]["log"]
     vals = [r["val_loss"] for r in log]
-    assert [r["iter"] for r in log] == [20, 40, 60, 80]
+    assert [r["iter"] for r in log] == [15, 30, 45, 60]
     assert all(x > y for x, y in zip(vals, vals[1:])), vals           # every estimate lower than the one before
     adamw, _ = pretrain(world, tmp_path / "adamw", SMOKE)
     assert vals[-1] < adamw["val_loss"] - 0.1, (vals[-1], adamw["val_loss"])
 
 
 def test_a_muon_pretraining_killed_and_resumed_ends_bit_for_bit_as_never_interrupted(muon, world, tmp_path):
-    """Ctrl-C just before the checkpoint at iteration 60 (the one at 40 is kept), then the same command: both
+    """Ctrl-C just before the checkpoint at iteration 45 (the one at 30 is kept), then the same command: both
     optimizers' states come back from pretrain_ckpt.pt, Muon's momentum buffers included."""
     out = world_copy(world, tmp_path / "cut")
 
     def print_then_stop(*args, **kw):
         print(*args, **kw)
-        if args and str(args[0]).startswith("iter 60/"):
+        if args and str(args[0]).startswith("iter 45/"):
             raise KeyboardInterrupt                                     # what Ctrl-C raises
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(stages, "print", print_then_stop, raising=False)
@@ -118,7 +118,7 @@ def test_a_muon_pretraining_killed_and_resumed_ends_bit_for_bit_as_never_interru
             train.main(MUON + [f"--out_dir={out}", "--stage=pretrain"])
     assert e.value.code == 130 and not os.path.exists(os.path.join(out, "pretrain.json"))
     state = torch.load(os.path.join(out, "pretrain_ckpt.pt"), weights_only=True)
-    assert state["iter"] == 40 and len(state["opt"]) == 2 and state["opt"][0]["state"]   # Muon's momentum saved
+    assert state["iter"] == 30 and len(state["opt"]) == 2 and state["opt"][0]["state"]   # Muon's momentum saved
     train.main(MUON + [f"--out_dir={out}"])
     strip = lambda d: {k: v for k, v in d.items() if k not in ("seconds", "tokens_per_second")}
     assert strip(store.load_json(os.path.join(out, "pretrain.json"))) == strip(muon["summary"])
