@@ -18,6 +18,20 @@ def ppo_run(run, out, *flags, log=lambda s: None):
                for r in store.load_json(os.path.join(out, "metrics.jsonl"), lines=True)]
 
 
+def stopped_at_3_and_resumed(run, out, *flags):
+    """The PPO stage interrupted as iteration 3 ends (before its state is saved), then run again: (summary, rows)
+    of the resumed run, after checking it resumed and redid only iteration 3."""
+    def stop_at_3(line):
+        if line.startswith("iter 3/"):
+            raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):
+        ppo_run(run, out, *flags, log=stop_at_3)
+    lines = []
+    again, resumed = ppo_run(run, out, *flags, log=lines.append)
+    assert lines[0].startswith("ppo: resuming") and len(lines) == 2          # only iteration 3 was redone
+    return again, resumed
+
+
 SYNC = ["--ref_update=sync", "--ref_sync_every=2", "--ref_sync_alpha=0.3", "--ptx_coef=0.2", "--ppo_iters=3"]
 
 
@@ -38,14 +52,7 @@ def test_sync_moves_a_copy_and_resume_keeps_it_and_the_ptx_stream(run, tmp_path)
     assert rows[2]["objective/kl_penalized"] < 0.9 * rows[2]["objective/kl"]                    # moved at 2
     assert all(r["loss/ptx_avg"] > 0 for r in rows) and summary["reference_unchanged"] is True
 
-    def stop_at_3(line):
-        if line.startswith("iter 3/"):
-            raise KeyboardInterrupt
-    with pytest.raises(KeyboardInterrupt):
-        ppo_run(run, tmp_path / "b", *SYNC, log=stop_at_3)
-    lines = []
-    again, resumed = ppo_run(run, tmp_path / "b", *SYNC, log=lines.append)
-    assert lines[0].startswith("ppo: resuming") and len(lines) == 2          # only iteration 3 was redone
+    again, resumed = stopped_at_3_and_resumed(run, tmp_path / "b", *SYNC)
     assert resumed == rows and again["final"] == summary["final"]
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 import ppo, store
 from kl import KLConfig
-from test_anchors import ppo_run
+from test_anchors import ppo_run, stopped_at_3_and_resumed
 from test_ppo import EOS, tiny, update
 
 R = 12
@@ -109,13 +109,6 @@ def test_the_ppo_stage_with_length_order_runs_and_resumes_as_if_never_interrupte
     assert rows[-1]["objective/kl"] > 0 and all(r["policy/skipped_updates"] == 0 for r in rows)
     assert rows[0]["loss/policy_avg"] != shuffled[0]["loss/policy_avg"]     # the flag reaches the update
 
-    def stop_at_3(line):
-        if line.startswith("iter 3/"):
-            raise KeyboardInterrupt
-    with pytest.raises(KeyboardInterrupt):
-        ppo_run(run, tmp_path / "cut", *flags, log=stop_at_3)
-    lines = []
-    again, resumed = ppo_run(run, tmp_path / "cut", *flags, log=lines.append)
-    assert lines[0].startswith("ppo: resuming") and len(lines) == 2         # only iteration 3 was redone
+    again, resumed = stopped_at_3_and_resumed(run, tmp_path / "cut", *flags)
     assert resumed == rows and again["final"] == whole["final"]
     assert store.load_json(os.path.join(tmp_path / "cut", "ppo.json"))["stamp"]["config"]["minibatch_order"] == "length"
