@@ -28,6 +28,7 @@ import multiprocessing, os, signal, sys, time
 import torch
 
 import data, stages, store, tokenizer, train
+from config import override
 from errors import RunError, die
 from evaluate import best_of_k, evaluate_policy, plot_bestofk, sample_texts
 from model import autocast, load_checkpoint
@@ -143,9 +144,11 @@ def parse(argv):
         die(f"bad value for --subdir: {opts['subdir']!r} (a plain folder name)")
     if opts["quick"]:
         opts["seeds"] = min(opts["seeds"], 1)
-    rest = DEFAULTS + (QUICK if opts["quick"] else []) + user     # later flags win
+    # Later flags win: the user's over the budget's, a condition's over the user's.
+    rest = override(DEFAULTS + (QUICK if opts["quick"] else []), *user)
     for c in conds:
-        cfg = train.parse(rest + CONDITIONS[c])               # unknown or ill-typed flags fail here, before any work
+        # Unknown or ill-typed flags fail here, before any work.
+        cfg = train.parse(override(rest, *CONDITIONS[c]))
     for d in (cfg.run.out_dir, os.path.join(cfg.run.out_dir, opts["subdir"])):
         if store.not_a_folder(d):
             die(f"--out_dir={cfg.run.out_dir}: {d} {store.not_a_folder(d)}")
@@ -153,6 +156,13 @@ def parse(argv):
 
 
 RECORD = "run.json"     # in each run folder, written last: config, input and output hashes, as in stages.json
+
+
+def run_record(run_dir, stamp, outputs):
+    """A run folder's record: as stages.json's, with the inputs in base's folder (the stamp's hashes)."""
+    rec = store.make_record(run_dir, stamp["config"], [], outputs, stamp["defaults"])
+    rec["inputs"] = stamp["inputs"]
+    return rec
 
 
 def finished(run_dir, stamp):
@@ -165,18 +175,20 @@ def finished(run_dir, stamp):
     try:
         rec = store.load_json(path(RECORD)) if os.path.exists(path(RECORD)) else None
         if rec is None and os.path.exists(path("ppo.json")) and not os.path.exists(path(st.partial)):
-            if store.load_json(path("ppo.json")).get("stamp") != stamp:
+            made = store.load_json(path("ppo.json"))
+            if not isinstance(made, dict) or made.get("stamp") != stamp:
                 return False
             store.load_json(path("metrics.jsonl"), lines=True)
             for n in ("actor.pt", "critic.pt"):
                 if n == "actor.pt" or os.path.exists(path(n)):
                     store.load_torch(path(n))
-            rec = dict(store.make_record(run_dir, stamp["config"], [], st.outputs), inputs=stamp["inputs"])
+            rec = run_record(run_dir, stamp, [n for n in st.outputs if os.path.exists(path(n))])
             store.save_json(path(RECORD), rec)
     except RunError:                                    # a damaged record or output: the run is done again
         return False
-    return rec is not None and set(needed) <= set(rec["outputs"]) and store.first_difference(rec, stamp) is None \
-        and store.outputs_intact(run_dir, rec)
+    if rec is None or store.damaged_record(rec):
+        return False
+    return store.first_difference(rec, stamp) is None and store.outputs_intact(run_dir, rec, needed)
 
 
 def one_run(job):
@@ -186,7 +198,7 @@ def one_run(job):
     cond, seed, flags, base, run_dir, threads = job
     if threads:
         torch.set_num_threads(threads)
-    cfg = train.parse(flags + [f"--seed={seed}", f"--out_dir={base}"])
+    cfg = train.parse(override(flags, f"--seed={seed}", f"--out_dir={base}"))
     st = stages.BY_NAME["ppo"]
     stamp = stages.stamp(cfg, st)
     if cfg.run.fresh or not finished(run_dir, stamp):
@@ -196,8 +208,8 @@ def one_run(job):
         stages.seed_everything(seed)
         with autocast(cfg.run.device, cfg.run.dtype):                # --dtype=bf16, as train.py runs the stage
             stages.run_ppo(cfg, base, run_dir, stamp, log=lambda line: None)
-        store.save_json(os.path.join(run_dir, RECORD),       # last: a run killed before this line is done again
-                        dict(store.make_record(run_dir, stamp["config"], [], st.outputs), inputs=stamp["inputs"]))
+        # Last: a run killed before this line is done again.
+        store.save_json(os.path.join(run_dir, RECORD), run_record(run_dir, stamp, stages.files(cfg, st.outputs)))
     s = store.load_json(os.path.join(run_dir, "ppo.json"))
     return dict(condition=cond, seed=seed, **s["final"], kl_coef_final=s["kl_coef_final"], seconds=s["seconds"],
                 ref=s.get("ref"), entropy=s["entropy"], s_per_iter=s["ref"]["seconds_per_iter"],
@@ -263,7 +275,7 @@ def ablate(opts, rest):
     base = cfg.run.out_dir
     os.makedirs(base, exist_ok=True)
     with store.Lock(base):
-        main_run = train.parse(rest + ["--stage=all"])
+        main_run = train.parse(override(rest, "--stage=all"))
         main_run.run.fresh = False                      # --fresh redoes this command's ablation runs, never the main run
         try:
             train.run_stages(main_run, upto="reward")   # pretrained model, reference, reward model: built when missing
@@ -274,7 +286,7 @@ def ablate(opts, rest):
         os.makedirs(adir, exist_ok=True)
         order = opts["conditions"].split(",")
         seed0 = cfg.run.seed
-        jobs = [(c, seed0 + k, rest + CONDITIONS[c], base, os.path.join(adir, c, f"seed{seed0 + k}"),
+        jobs = [(c, seed0 + k, override(rest, *CONDITIONS[c]), base, os.path.join(adir, c, f"seed{seed0 + k}"),
                  1 if opts["jobs"] > 1 else 0) for c in dict.fromkeys(map(folder, order))
                 for k in range(opts["seeds"])]                  # a SAME_AS condition runs once, in its twin's folder
         t0, rows = time.time(), [baseline_row(cfg, base, seed0)]

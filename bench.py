@@ -30,6 +30,7 @@ import dataclasses, math, os, shutil, statistics, sys, time
 import torch
 
 import data, stages, store, tokenizer, train
+from config import override
 from config import auto_dtype
 from errors import RunError, die
 from evaluate import step0_kl
@@ -221,7 +222,8 @@ def bench_bar(grid, argv):
     runs = []
     for opt, lr, n in parse_grid(grid):                     # every run's flags checked before any work
         d = os.path.join(base, "bench_bar", f"{opt}_lr{lr:g}_iters{n}")
-        c = train.parse(argv + [f"--optimizer={opt}", f"--{LR_FLAG[opt]}={lr}", f"--max_iters={n}", f"--out_dir={d}"])
+        c = train.parse(override(argv, f"--optimizer={opt}", f"--{LR_FLAG[opt]}={lr}", f"--max_iters={n}",
+                                 f"--out_dir={d}"))
         c.run.fresh = False                                 # --fresh: redo the runs, never the world
         runs.append((opt, lr, n, c))
     world = store.load_records(base).get("world")

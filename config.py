@@ -19,7 +19,10 @@ from errors import RunError, die
 RULES = {">0": lambda v: v > 0, ">=0": lambda v: v >= 0, "[0,1]": lambda v: 0 <= v <= 1,
          "[0,1)": lambda v: 0 <= v < 1, "(0,1)": lambda v: 0 < v < 1,
          "(0,1]": lambda v: 0 < v <= 1, "[0,2^31)": lambda v: 0 <= v < 2 ** 31,
-         ">=0.01": lambda v: v >= 0.01}    # temperature: logits/T in fp32 err by |logit|/T·6e-8, < 1e-3 nats here
+         ">=0.01": lambda v: v >= 0.01,    # temperature: logits/T in fp32 err by |logit|/T·6e-8, < 1e-3 nats here
+         # Evaluation sizes: the samples' texts and verdicts are held in memory (about 1 kB each), so 100,000
+         # is about 100 MB; far more would die of MemoryError after the training they evaluate.
+         "[1,100000]": lambda v: 1 <= v <= 100000}
 
 
 def arg(default, rule=None, help="", choices=None):
@@ -76,7 +79,7 @@ class PretrainConfig:
     grad_clip: float = arg(1.0, ">0")
     eval_interval: int = arg(100, ">0", "iterations between validation losses and resumable checkpoints")
     eval_iters: int = arg(10, ">0", "validation batches per estimate")
-    n_samples: int = arg(200, ">0", "samples for the well-formed rate and gold score")
+    n_samples: int = arg(200, "[1,100000]", "samples for the well-formed rate and gold score")
     compile: bool = arg(False, help="torch.compile the model for pretraining (fixed shapes: it pays there; PPO's "
                         "shapes change every step, so the other stages run eagerly)")
 
@@ -108,10 +111,11 @@ def fields(groups):
 
 
 def _convert(f, text):
+    # A boolean flag alone (--fresh) is true; with a value it takes true/false or 1/0, nothing else.
     if f.type in (bool, "bool"):
-        if text.lower() in ("1", "true", "yes", ""):
+        if text.lower() in ("1", "true", ""):
             return True
-        if text.lower() in ("0", "false", "no"):
+        if text.lower() in ("0", "false"):
             return False
         raise ValueError
     value = {"int": int, "float": float, "str": str}.get(f.type, f.type)(text)
@@ -144,10 +148,14 @@ def parse_args(argv, groups, doc=""):
         name, _, text = a[2:].partition("=")
         if not a.startswith("--") or name not in by_name:
             die(f"unknown flag {a!r} (--help lists them)")
+        if name in values:
+            die(f"--{name} is given twice: give each flag once")
         try:
             values[name] = _convert(by_name[name], text)
         except ValueError:
             kind = getattr(by_name[name].type, "__name__", by_name[name].type)
+            if kind in (bool, "bool"):
+                die(f"bad value for --{name}: {text!r} (a boolean flag takes true, false, 1 or 0)")
             die(f"bad value for --{name}: {text!r} is not a finite {kind}")
     preset = values.get("preset", "default")
     if preset not in PRESETS:
@@ -164,6 +172,14 @@ def parse_args(argv, groups, doc=""):
         if m.get("rule") and not RULES[m["rule"]](v):
             die(f"bad value for --{f.name}: {v} (must be {m['rule']})")
     return cfg
+
+
+def override(argv, *flags):
+    """argv and then `flags`, each flag taking the place of one of its name already in argv: how a program that
+    builds a command line on the user's (ablate.py, bench.py) sets flags of its own, since a flag given twice is
+    refused."""
+    names = {f.partition("=")[0] for f in flags}
+    return [a for a in argv if a.partition("=")[0] not in names] + list(flags)
 
 
 def flat(cfg):

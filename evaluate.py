@@ -159,9 +159,8 @@ def plot_metrics(rows, png):
         b.scatter(*zip(*undone), color="C1", marker="x", label="rollout above --kl_max (undone)"); b.legend()
     b.set_xlabel("PPO iteration"); b.set_ylabel("KL(actor ‖ reference), nats/sequence")
     fig.tight_layout()
-    tmp = png + ".tmp.png"                                  # written whole, then renamed: never a torn file
-    fig.savefig(tmp, dpi=100); plt.close(fig)
-    os.replace(tmp, png)
+    store.save_figure(fig, png)
+    plt.close(fig)
 
 
 def plot_bestofk(curves, png):
@@ -181,6 +180,5 @@ def plot_bestofk(curves, png):
         ax.set_xscale("log", base=2); ax.set_xticks(c["k"], [str(k) for k in c["k"]])
         ax.set_xlabel("k (samples per prompt)"); ax.set_ylabel(label); ax.legend()
     fig.tight_layout()
-    tmp = png + ".tmp.png"                                  # written whole, then renamed: never a torn file
-    fig.savefig(tmp, dpi=100); plt.close(fig)
-    os.replace(tmp, png)
+    store.save_figure(fig, png)
+    plt.close(fig)

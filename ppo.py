@@ -56,8 +56,9 @@ class PPOConfig:
     max_grad_norm: float = arg(1.0, ">0", "gradient clip, for the actor and the critic separately")
     missing_eos_penalty: float = arg(1.0, ">=0", "subtracted from the score of a response without end-of-text")
     save_interval: int = arg(10, ">0", "iterations between resumable checkpoints")
-    n_eval: int = arg(200, ">0", "held-out samples in the final evaluation")
-    bestofk_n: int = arg(16, ">0", "best-of-k, pass@k: samples per held-out prompt (n_eval in all)")
+    n_eval: int = arg(200, "[1,100000]", "held-out samples in the final evaluation")
+    bestofk_n: int = arg(16, "[1,100000]", "best-of-k, pass@k: samples per held-out prompt (n_eval in all, at "
+                         "least one prompt's)")
     pass_gold: float = arg(1.25, help="pass@k: a pass is a well-formed response with gold above this")
     ptx_coef: float = arg(0.0, ">=0", "γ: weight of the pretraining LM loss (train.bin windows) in the actor's loss")
     reward: str = arg("model", help="model (the reward model) or gold (the simulated human)", choices=["model", "gold"])
@@ -225,7 +226,17 @@ def make_optimizers(actor, critic, cfg):
     return opts if critic is None else opts + (adamw(critic.parameters(), cfg.vf_lr, eps=1e-5, weight_decay=0.0),)
 
 
-def train_ppo(actor, critic, ref, rm, enc, prompts, cfg, run_dir, stamp, log=print, gold_norm=(0.0, 1.0)):
+def say(line):
+    """One log line, flushed at once, so `python train.py | tee log` shows each iteration as it ends."""
+    print(line, flush=True)
+
+
+# What ppo_state.pt holds besides its stamp: what a resumed run needs to end as an uninterrupted one.
+PPO_STATE = ["iter", "actor", "critic", "opts", "skipped", "kl_ctl", "prompt_gen", "rng", "pen_ref", "rollback",
+             "metrics"]
+
+
+def train_ppo(actor, critic, ref, rm, enc, prompts, cfg, run_dir, stamp, log=say, gold_norm=(0.0, 1.0)):
     """PPO from the given actor and critic (both trained in place; None: grpo, rloo) against the frozen reference
     `ref` and the reward model `rm` (gold_norm: --reward=gold's). Writes run_dir/metrics.jsonl every iteration and
     run_dir/ppo_state.pt every save_interval iterations; a state whose `stamp` (config and input hashes) matches is
@@ -246,28 +257,33 @@ def train_ppo(actor, critic, ref, rm, enc, prompts, cfg, run_dir, stamp, log=pri
     metrics, start = [], 0
     dist.seed_rank(run.seed)                                   # torchrun: each rank its own sampling noise
     state_path, metrics_path = os.path.join(run_dir, "ppo_state.pt"), os.path.join(run_dir, "metrics.jsonl")
-    if os.path.exists(state_path):
-        s = store.load_torch(state_path)                   # on the CPU: RNG states must stay there
-        if s["stamp"] == stamp:                    # same config, same inputs: go on where it stopped
-            load_trainable(actor, s["actor"])                                   # frozen weights: from ref.pt
-            if critic is not None:
-                critic.load_state_dict(s["critic"])
-            for o, sd in zip(opts, s["opts"]):
-                o.load_state_dict(sd)
-            for g, n in zip(guards, s["skipped"]):
-                g.skipped = n
-            kl_ctl.__dict__.update(s["kl_ctl"])
-            if s["pen_ref"] is not None:
-                pen_ref = Reference(actor)
-                pen_ref.model.load_state_dict(s["pen_ref"])
-            if rollback is not None:
-                rollback.load_state_dict(s["rollback"])
-            prompt_gen.set_state(s["prompt_gen"])
-            set_rng_states(rng := dist.mine(s["rng"], state_path)); ptx_gen.set_state(rng["ptx"])  # this rank's
-            metrics, start = s["metrics"], s["iter"]
-            log(f"ppo: resuming from {state_path} after iteration {start}")
-        else:
-            log(f"ppo: {state_path} was made under another config or inputs; starting over")
+    # Same config, same inputs: go on where it stopped (on the CPU: RNG states must stay there).
+    s, why = store.load_resumable(state_path, stamp, PPO_STATE)
+    if s is not None:
+        load_trainable(actor, s["actor"])                                   # frozen weights: from ref.pt
+        if critic is not None:
+            critic.load_state_dict(s["critic"])
+        for o, sd in zip(opts, s["opts"]):
+            o.load_state_dict(sd)
+        for g, n in zip(guards, s["skipped"]):
+            g.skipped = n
+        kl_ctl.__dict__.update(s["kl_ctl"])
+        if s["pen_ref"] is not None:
+            pen_ref = Reference(actor)
+            pen_ref.model.load_state_dict(s["pen_ref"])
+        if rollback is not None:
+            rollback.load_state_dict(s["rollback"])
+        prompt_gen.set_state(s["prompt_gen"])
+        rng = dist.mine(s["rng"], state_path)                               # this rank's
+        set_rng_states(rng)
+        ptx_gen.set_state(rng["ptx"])
+        metrics, start = s["metrics"], s["iter"]
+        # The log as the state has it: a kill after the last iteration leaves no iteration to write it.
+        if dist.is_main():
+            store.save_json(metrics_path, metrics, lines=True)
+        log(f"ppo: resuming from {state_path} after iteration {start}")
+    elif why != "missing":
+        log(f"ppo: {state_path} is {why}; starting over")
     t0 = time.time() - (metrics[-1]["time/elapsed"] if metrics else 0.0)
     # ---- ppo loop ----
     for it in range(start, pc.ppo_iters):

@@ -10,12 +10,13 @@ made from, which train.py records in stages.json and compares on the next run.
 Lines marked `# torchrun` are the only ones a single process skips past (dist.py).
 Left out: resuming the preferences and reward stages half way.
 """
-import copy, dataclasses, math, os, random, time
+import copy, dataclasses, importlib.util, math, os, random, shutil, time
 from collections import namedtuple
 import numpy as np
 import torch
 
 import data, dist, store, tokenizer
+from errors import RunError
 from config import WorldConfig, PretrainConfig, check_world, fields
 from evaluate import (best_of_k, evaluate_policy, judge_texts, plot_bestofk, plot_metrics, sample_texts, step0_kl,
                       write_report)
@@ -23,7 +24,7 @@ from inspect_page import stage_inspect
 from kl import KLConfig
 from model import (GPT, GPTConfig, Optimizers, StepGuard, adamw, hidden_matrices, load_checkpoint, rng_states,
                    save_checkpoint, set_rng_states)
-from ppo import PPOConfig, train_ppo
+from ppo import PPOConfig, say, train_ppo
 import ref as refs
 from ref import Reference, RefConfig
 from reward import (RewardConfig, gold_normaliser, load_scalar_model, make_preferences, save_scalar_model,
@@ -38,16 +39,57 @@ def path(cfg, name):
     return os.path.join(cfg.run.out_dir, name)
 
 
+def load_timings(cfg, notes=None):
+    """timings.json, {stage: seconds}; {} when it is missing, or damaged (a line in `notes` says so)."""
+    p = path(cfg, "timings.json")
+    if not os.path.exists(p):
+        return {}
+    try:
+        timings = store.load_json(p)
+    except RunError:
+        timings = None
+    ok = isinstance(timings, dict) and all(isinstance(v, (int, float)) for v in timings.values())
+    if not ok and notes is not None:
+        notes.append(f"{p} is damaged: the stage times start anew")
+    return timings if ok else {}
+
+
 # ---- stage: world ----
-def stage_world(cfg, stamp):
-    w = cfg.world
-    s = data.build_world(cfg.run.out_dir, seed=cfg.run.seed, n_reviews=w.n_reviews, vocab_size=w.vocab_size,
+ASIDE = "world.new"         # the world is built in this folder of out_dir, checked, then moved into place
+
+
+def build_world_aside(cfg):
+    """The world, built in out_dir/world.new/ and checked there (config.check_world: every prompt and both splits
+    fit --block_size). A world that does not fit stops the run before anything in out_dir is touched, so
+    train.py calls this before it removes any output."""
+    w, aside = cfg.world, path(cfg, ASIDE)
+    shutil.rmtree(aside, ignore_errors=True)
+    s = data.build_world(aside, seed=cfg.run.seed, n_reviews=w.n_reviews, vocab_size=w.vocab_size,
                          tokenizer=w.tokenizer)
+    try:
+        world_ok(cfg, folder=aside)
+    except RunError:
+        shutil.rmtree(aside, ignore_errors=True)
+        raise
     print(f"world: {s['n_reviews']} reviews, {s['chars'] / 1e6:.2f} MB, vocab {s['vocab_size']}, "
           f"{s['tokens']['train']} train tokens, {s['n_heldout_subjects']} held-out subjects")
 
 
+def stage_world(cfg, stamp):
+    """The world built aside (build_world_aside; built now if it is not there) moved into out_dir."""
+    aside = path(cfg, ASIDE)
+    if not os.path.isdir(aside):
+        build_world_aside(cfg)
+    for n in files(cfg, WORLD):
+        os.replace(os.path.join(aside, n), path(cfg, n))
+    shutil.rmtree(aside)
+
+
 # ---- stage: pretrain ----
+# What pretrain_ckpt.pt holds besides its stamp.
+PRETRAIN_STATE = ["iter", "model", "opt", "gen", "rng", "log", "seconds", "skipped"]
+
+
 def stage_pretrain(cfg, stamp):
     run, pt = cfg.run, cfg.pretrain
     enc = tokenizer.load_tokenizer(run.out_dir, cfg.world.tokenizer)
@@ -72,13 +114,17 @@ def stage_pretrain(cfg, stamp):
     opt = pretrain_optimizer(model, pt)
     guard, start, log, seconds = StepGuard("pretraining"), 0, [], 0.0
     ckpt_path = path(cfg, "pretrain_ckpt.pt")
-    if os.path.exists(ckpt_path):
-        s = store.load_torch(ckpt_path)                     # on the CPU: RNG states must stay there
-        if s["stamp"] == stamp:                             # same config and inputs: go on where it stopped
-            model.load_state_dict(s["model"]); opt.load_state_dict(s["opt"])
-            gen.set_state(dist.mine(s["gen"], ckpt_path)); set_rng_states(dist.mine(s["rng"], ckpt_path))
-            start, log, seconds, guard.skipped = s["iter"], s["log"], s["seconds"], s["skipped"]
-            print(f"pretrain: resuming from {ckpt_path} after iteration {start}")
+    # Same config and inputs: go on where it stopped (on the CPU: RNG states must stay there).
+    s, why = store.load_resumable(ckpt_path, stamp, PRETRAIN_STATE)
+    if s is not None:
+        model.load_state_dict(s["model"])
+        opt.load_state_dict(s["opt"])
+        gen.set_state(dist.mine(s["gen"], ckpt_path))
+        set_rng_states(dist.mine(s["rng"], ckpt_path))
+        start, log, seconds, guard.skipped = s["iter"], s["log"], s["seconds"], s["skipped"]
+        print(f"pretrain: resuming from {ckpt_path} after iteration {start}")
+    elif why != "missing":
+        print(f"pretrain: {ckpt_path} is {why}; starting over")
     print(f"pretrain: {model.num_params() / 1e6:.2f}M parameters, {pt.max_iters} iters of "
           f"{pt.batch_size}x{gcfg.block_size} tokens")
     model.train()
@@ -202,7 +248,7 @@ def load_models(base, device):
     return actor, Reference(ref), rm.requires_grad_(False)
 
 
-def run_ppo(cfg, base, run_dir, stamp, log=print):
+def run_ppo(cfg, base, run_dir, stamp, log=say):
     """PPO from base's pretrained model, reference and reward model; writes into run_dir actor.pt, metrics.jsonl,
     ppo.json (final evaluation, with the stamp it was made under) and ppo.png. Used by ablate.py too."""
     run = cfg.run
@@ -276,7 +322,7 @@ def stage_report(cfg, stamp):
         res[name]["bestofk"] = best_of_k(model, enc, heldout, run, cfg.ppo.bestofk_n, cfg.ppo.pass_gold,
                                          cfg.ppo.n_eval)
     plot_bestofk({name: r["bestofk"] for name, r in res.items()}, path(cfg, "bestofk.png"))
-    timings = store.load_json(path(cfg, "timings.json")) if os.path.exists(path(cfg, "timings.json")) else {}
+    timings = load_timings(cfg)
     print(write_report(path(cfg, "report.md"), res, samples, cfg.ppo.n_eval, run.temperature, timings))
     store.save_json(path(cfg, "report.json"), dict(res, seconds=timings))
 
@@ -317,8 +363,19 @@ BY_NAME = {s.name: s for s in STAGES + [SAMPLE, INSPECT]}
 
 
 def files(cfg, names):
-    """A stage's files under this config (gpt2's tokenizer is tiktoken's own: no tokenizer.bpe)."""
-    return [n for n in names if n != "tokenizer.bpe" or cfg.world.tokenizer == "bpe"]
+    """A stage's files under this config: gpt2's tokenizer is tiktoken's own (no tokenizer.bpe), only PPO with a
+    critic (--advantage=gae) leaves critic.pt, and plots are drawn only where matplotlib is installed."""
+    plots = importlib.util.find_spec("matplotlib") is not None
+    out = []
+    for n in names:
+        if n == "tokenizer.bpe" and cfg.world.tokenizer != "bpe":
+            continue
+        if n == "critic.pt" and cfg.ppo.advantage != "gae":
+            continue
+        if n.endswith(".png") and not plots:
+            continue
+        out.append(n)
+    return out
 
 
 def stamp(cfg, st):
@@ -330,8 +387,13 @@ def stamp(cfg, st):
                 defaults=defaults)
 
 
-def world_ok(cfg, corpus=True):
-    """config.check_world with this folder's tokenizer, prompts (and --prompt) and token files."""
-    enc = tokenizer.load_tokenizer(cfg.run.out_dir, cfg.world.tokenizer)
-    prompts = sum(data.load_prompts(cfg.run.out_dir).values(), []) + ([cfg.run.prompt] if cfg.run.prompt else [])
-    check_world(cfg, enc, prompts, {s: os.path.getsize(path(cfg, f"{s}.bin")) // 2 for s in ("train", "val") if corpus})
+def world_ok(cfg, corpus=True, folder=None):
+    """config.check_world with the world's tokenizer, prompts (and --prompt) and token files, in out_dir or in
+    `folder` (a world built aside)."""
+    folder = folder or cfg.run.out_dir
+    enc = tokenizer.load_tokenizer(folder, cfg.world.tokenizer)
+    prompts = sum(data.load_prompts(folder).values(), []) + ([cfg.run.prompt] if cfg.run.prompt else [])
+    sizes = {}
+    if corpus:
+        sizes = {s: os.path.getsize(os.path.join(folder, f"{s}.bin")) // 2 for s in ("train", "val")}
+    check_world(cfg, enc, prompts, sizes)

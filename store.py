@@ -8,7 +8,7 @@ current flags and files before any work. `Lock` keeps a second run out of a fold
 A worker process whose parent is gone writes nothing more (`stop_writing_if_orphaned`, used by ablate.py).
 Left out: locking on network file systems, garbage collection of old run folders.
 """
-import contextlib, hashlib, json, os, signal, threading
+import contextlib, hashlib, io, json, os, signal, threading
 import torch
 
 from errors import RunError
@@ -48,16 +48,37 @@ def _check_parent():
         os._exit(1)                                 # no cleanup that writes: nobody is left to read the results
 
 
+def os_error(e):
+    """The OSError behind an exception (itself, or what it was raised from or during), or None. torch.save's C++
+    writer turns a full disk into RuntimeError("... unexpected pos ..."), raised while the OSError is handled."""
+    while e is not None and not isinstance(e, OSError):
+        e = e.__cause__ or e.__context__
+    return e
+
+
+def cannot_write(path, e):
+    """The one line for a write the disk refused: the path and the cause (no space left, a read-only file
+    system, permission denied). Exit code 1: the run itself failed; what was saved before is kept."""
+    return RunError(f"cannot write {path}: {e.strerror or e} (what was saved before is kept: free space or "
+                    "make the folder writable, then the same command goes on from there)", 1)
+
+
 def _atomic(path, write, mode):
     _check_parent()
     tmp = f"{path}.tmp{os.getpid()}"
     try:
-        with _hold_ctrl_c():                        # Ctrl-C here: the new file is written, then the interrupt
+        # Ctrl-C here: the new file is written, then the interrupt.
+        with _hold_ctrl_c():
             with open(tmp, mode) as f:
                 write(f)
                 f.flush()
                 os.fsync(f.fileno())
-            os.replace(tmp, path)                   # atomic on POSIX and Windows
+            # The rename is atomic on POSIX and Windows: the old file or the new one, never a torn one.
+            os.replace(tmp, path)
+    except Exception as e:
+        if os_error(e) is None:
+            raise
+        raise cannot_write(path, os_error(e)) from None
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
@@ -81,7 +102,7 @@ def load_json(path, lines=False):
         with open(path) as f:
             return [json.loads(line) for line in f] if lines else json.load(f)
     except (OSError, ValueError) as e:
-        raise RunError(f"cannot read {path} ({type(e).__name__}): delete it, or redo its stage (--fresh)")
+        raise RunError(f"cannot read {path} ({type(e).__name__}): delete it, and the same command makes it again")
 
 
 def _all_finite(obj):
@@ -106,7 +127,25 @@ def load_torch(path, device="cpu"):
     try:
         return torch.load(path, map_location=device, weights_only=True)
     except Exception as e:
-        raise RunError(f"cannot load {path} ({type(e).__name__}): delete it, or redo its stage (--fresh)")
+        raise RunError(f"cannot load {path} ({type(e).__name__}): delete it, and the same command makes it again")
+
+
+def load_resumable(path, stamp, keys):
+    """A checkpoint to go on from: (its contents, None) when `path` holds a dict with every name in `keys` made
+    under `stamp` (the same config and inputs); else (None, why in a few words): missing, damaged (it cannot be
+    read, or lacks what the code writes) or made under another stamp. Nothing is deleted here: the stage starts
+    over and overwrites it."""
+    if not os.path.exists(path):
+        return None, "missing"
+    try:
+        state = load_torch(path)
+    except RunError:
+        return None, "damaged: it cannot be read"
+    if not isinstance(state, dict) or not set(keys) | {"stamp"} <= set(state):
+        return None, "damaged: it lacks what the stage writes"
+    if state["stamp"] != stamp:
+        return None, "made under another config or inputs"
+    return state, None
 
 
 def file_hash(path):
@@ -128,19 +167,51 @@ def not_a_folder(path):
     return None if os.path.isdir(up) else f"cannot be made ({up} is a file)"
 
 
+def save_figure(fig, path):
+    """A matplotlib figure as a PNG, written whole like every other file."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    write_bytes(path, buf.getvalue())
+
+
 def remove(path):
-    if os.path.exists(path):
-        os.remove(path)
+    try:
+        if os.path.exists(path):
+            os.remove(path)
+    except OSError as e:
+        raise RunError(f"cannot remove {path}: {e.strerror}", 1) from None
+
+
+def unwritable(folder):
+    """Why nothing can be written into `folder` (a read-only file system, permission denied), in a few words; None
+    when a file can be made there. Asked before any work by every command that writes into a folder."""
+    probe = os.path.join(folder, f".write_test{os.getpid()}")
+    try:
+        os.close(os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        os.remove(probe)
+    except OSError as e:
+        return e.strerror
+    return None
 
 
 class Lock:
-    """An exclusive lock on out_dir/.lock for the life of a run; a second run on the folder stops at once."""
+    """An exclusive lock on out_dir/.lock for the life of a run; a second run on the folder stops at once.
+    read_only=True (the sample and inspect stages): a folder where the lock cannot be made (a read-only file
+    system) is read without it, since no run can write there either."""
 
-    def __init__(self, out_dir):
+    def __init__(self, out_dir, read_only=False):
         self.path = os.path.join(out_dir, ".lock")
+        self.read_only = read_only
+        self.f = None
 
     def __enter__(self):
-        self.f = open(self.path, "a+")
+        try:
+            self.f = open(self.path, "a+")
+        except OSError as e:
+            if not self.read_only:
+                raise RunError(f"cannot write in {os.path.dirname(self.path) or '.'} ({e.strerror}: its lock "
+                               f"{self.path}): use a folder this process may write, or another --out_dir")
+            return self
         try:
             import fcntl
             fcntl.flock(self.f, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -153,7 +224,9 @@ class Lock:
         return self
 
     def __exit__(self, *exc):
-        self.f.close()                              # closing the file releases the lock
+        # Closing the file releases the lock.
+        if self.f is not None:
+            self.f.close()
         return False
 
 
@@ -162,30 +235,86 @@ def records_path(out_dir):
     return os.path.join(out_dir, "stages.json")
 
 
-def load_records(out_dir):
-    return load_json(records_path(out_dir)) if os.path.exists(records_path(out_dir)) else {}
+def damaged_record(rec):
+    """Why `rec` is not a record as make_record writes it, in a few words; None when it is one."""
+    if not isinstance(rec, dict):
+        return f"a {type(rec).__name__}, not a record"
+    for part in ("config", "inputs", "outputs"):
+        if not isinstance(rec.get(part), dict):
+            return f"no {part}"
+    if not isinstance(rec.get("defaults", {}), dict):
+        return "its defaults are not a mapping"
+    if not all(isinstance(h, str) for h in list(rec["inputs"].values()) + list(rec["outputs"].values())):
+        return "a hash that is not a string"
+    return None
 
 
-def make_record(out_dir, config, inputs, outputs):
-    """The record of a finished stage; an optional output that was not made (a plot) is not in it."""
-    paths = lambda names: [(n, os.path.join(out_dir, n)) for n in names]
-    h = lambda names: {n: file_hash(p) for n, p in paths(names) if os.path.exists(p)}
-    return dict(config=config, inputs=h(inputs), outputs=h(outputs))
+def load_records(out_dir, notes=None):
+    """stages.json's records, {stage: record}. A record that cannot be read, or that does not have the shape
+    make_record writes, is left out, as if its stage had not run (the stage is redone); each such one adds a
+    line to `notes` when given. Nothing is deleted here."""
+    p = records_path(out_dir)
+    if not os.path.exists(p):
+        return {}
+    notes = [] if notes is None else notes
+    try:
+        records = load_json(p)
+    except RunError:
+        notes.append(f"{p} cannot be read: every stage is redone")
+        return {}
+    if not isinstance(records, dict):
+        notes.append(f"{p} holds a {type(records).__name__}, not records: every stage is redone")
+        return {}
+    kept = {}
+    for name, rec in records.items():
+        why = damaged_record(rec)
+        if why:
+            notes.append(f"{p}: the record of stage {name} is damaged ({why}): it is redone")
+        else:
+            kept[name] = rec
+    return kept
 
 
-def outputs_intact(out_dir, record):
-    """True when every output the record names exists with the hash the stage wrote."""
-    return all(os.path.exists(os.path.join(out_dir, n)) and file_hash(os.path.join(out_dir, n)) == h
-               for n, h in record["outputs"].items())
+def make_record(out_dir, config, inputs, outputs, defaults=None):
+    """The record of a finished stage: its config, the hashes of its input and output files and, as the list of
+    fields the code knew, each field's code default. Every output named must exist (a stage that did not make
+    one is not finished: RunError)."""
+    missing = [n for n in outputs if not os.path.exists(os.path.join(out_dir, n))]
+    if missing:
+        raise RunError(f"{', '.join(missing)} was not made in {out_dir}: the stage is not finished", 1)
+    rec = dict(config=config, inputs={n: file_hash(os.path.join(out_dir, n)) for n in inputs},
+               outputs={n: file_hash(os.path.join(out_dir, n)) for n in outputs})
+    if defaults is not None:
+        rec["defaults"] = defaults
+    return rec
+
+
+def outputs_intact(out_dir, record, expected=()):
+    """True when every output the record names, and every one in `expected`, exists with the hash the stage
+    wrote."""
+    if not set(expected) <= set(record["outputs"]):
+        return False
+    for n, h in record["outputs"].items():
+        p = os.path.join(out_dir, n)
+        if not os.path.exists(p) or file_hash(p) != h:
+            return False
+    return True
 
 
 def first_difference(record, stamp):
     """The first way a stamp (current config and input hashes) differs from a record, in words; None if none.
-    A field the record lacks was added to the code after it was made; the code it was made with behaved as the
-    field's default does (the rule for a new field), so it matches at that default (stamp["defaults"]) and only
-    there: adding a flag does not make every finished output stale, and using it does."""
+    - A field the record holds that the stage does not take (a flag removed or renamed since): a difference.
+    - A field the record lacks but whose default it lists: a damaged record, a difference.
+    - A field the record lacks and does not list was added to the code after the record was made. The code it
+      was made with behaved as the field's default does (the rule for a new field), so it matches at that
+      default (stamp["defaults"]) and only there: adding a flag keeps finished work, and using it does not."""
+    for k, v in record["config"].items():
+        if k not in stamp["config"]:
+            return f"--{k}={v}, a flag this code's stage does not take"
     for k, v in stamp["config"].items():
         if k not in record["config"]:
+            if k in record.get("defaults", {}):
+                return f"no --{k} in its record (damaged), now --{k}={v}"
             if k in stamp.get("defaults", {}) and stamp["defaults"][k] == v:
                 continue
             return f"no --{k}, now --{k}={v}"
@@ -197,17 +326,19 @@ def first_difference(record, stamp):
     return None
 
 
-def plan(stages, target, out_dir, records, stamp_of):
+def plan(stages, target, out_dir, records, stamp_of, outputs_of):
     """Which stages to run, in order, for `target` ("all" or a stage name); and which finished ones are kept.
-    With "all": a stage runs when its outputs are missing or damaged, and then every later stage runs too.
-    With a name: that stage runs, and every earlier one must be finished. A finished stage that is kept must have
-    been made with the current config and inputs: else RunError, before anything is written."""
+    With "all": a stage runs when its outputs (outputs_of(stage), under this config) are missing or damaged, and
+    then every later stage runs too. With a name: that stage runs, and every earlier one must be finished. A
+    finished stage that is kept must have been made with the current config and inputs: else RunError, before
+    anything is written."""
     todo, kept = [], []
     for st in stages:
         rec = records.get(st.name)
-        intact = rec is not None and outputs_intact(out_dir, rec)
+        intact = rec is not None and outputs_intact(out_dir, rec, outputs_of(st))
+        # Once one stage runs, every later one is made again.
         if target == st.name or (target == "all" and (todo or not intact)):
-            todo.append(st)                           # once one stage runs, every later one is made again
+            todo.append(st)
             if target == st.name:
                 break
             continue

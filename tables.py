@@ -11,6 +11,8 @@ Left out: corrections for many comparisons, intervals for the curves.
 import json, os
 import numpy as np
 
+import store
+
 DEFAULT_CONDITION = "adaptive"  # the paired comparisons are against this row (the main run's settings)
 COLUMNS = ["proxy_mean", "gold_mean", "kl", "ref_ppl", "distinct_1", "distinct_2", "repetition_rate",
            "wellformed_rate", "eos_rate", "seconds"]
@@ -166,7 +168,8 @@ def plot(rows, adir, order, run_dir):
         ax.set_xlabel("PPO iteration")
     if axes[1].get_legend_handles_labels()[0]:                      # a suite may plot none of these
         axes[1].legend(fontsize=8)
-    fig.tight_layout(); fig.savefig(os.path.join(adir, "scores.png"), dpi=100)
+    fig.tight_layout()
+    store.save_figure(fig, os.path.join(adir, "scores.png"))
     plt.close(fig)
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     for i, cond in enumerate(order):
@@ -175,7 +178,9 @@ def plot(rows, adir, order, run_dir):
                    marker="o" if i < 10 else "s", label=cond)
     ax.set_xlabel("sqrt(KL to reference), sqrt(nats)"); ax.set_ylabel("gold score, held-out prompts")
     ax.set_title("over-optimisation frontier (Gao et al. 2022)"); ax.legend(fontsize=7)
-    fig.tight_layout(); fig.savefig(os.path.join(adir, "frontier.png"), dpi=100); plt.close(fig)
+    fig.tight_layout()
+    store.save_figure(fig, os.path.join(adir, "frontier.png"))
+    plt.close(fig)
     moving = [c for c in ("adaptive", "adaptive_fast", "band", "linear_decay") if c in order]
     if moving:                                                        # β over iterations, first seed of each
         fig, ax = plt.subplots(figsize=(6.5, 4))
@@ -185,4 +190,6 @@ def plot(rows, adir, order, run_dir):
                 m = [json.loads(line) for line in f]
             ax.plot([x["iter"] for x in m], [x["objective/kl_coef"] for x in m], color=f"C{i}", label=cond)
         ax.set_xlabel("PPO iteration"); ax.set_ylabel("β"); ax.set_yscale("log"); ax.legend(fontsize=8)
-        fig.tight_layout(); fig.savefig(os.path.join(adir, "beta.png"), dpi=100); plt.close(fig)
+        fig.tight_layout()
+        store.save_figure(fig, os.path.join(adir, "beta.png"))
+        plt.close(fig)

@@ -31,7 +31,8 @@ from model import GPTConfig, autocast
 from ppo import PPOConfig
 from ref import RefConfig
 from reward import RewardConfig
-from stages import BY_NAME, INSPECT, SAMPLE, STAGES, files, path, seed_everything, stamp, world_ok
+from stages import (BY_NAME, INSPECT, SAMPLE, STAGES, build_world_aside, files, load_timings, path, seed_everything,
+                    stamp, world_ok)
 
 GROUPS = dict(run=RunConfig, world=WorldConfig, gpt=GPTConfig, pretrain=PretrainConfig, reward=RewardConfig,
               kl=KLConfig, ppo=PPOConfig, ref=RefConfig, inspect=InspectConfig)
@@ -73,39 +74,58 @@ def follow_stages(cfg):
     return {}
 
 
+def check_read_only(cfg):
+    """A read-only stage (sample, inspect) needs a finished run: its input files, and a world made with this
+    --tokenizer. RunError otherwise, before anything is made (not even the folder)."""
+    st, out = BY_NAME[cfg.run.stage], cfg.run.out_dir
+    missing = [n for n in files(cfg, st.inputs) if not os.path.exists(path(cfg, n))]
+    if missing:
+        raise RunError(f"stage {st.name} needs {', '.join(missing)} in {out}: run the stages before it first")
+    made = store.load_records(out).get("world", {}).get("config", {}).get("tokenizer", cfg.world.tokenizer)
+    # Its other flags only say how to sample.
+    if made != cfg.world.tokenizer:
+        raise RunError(f"the world in {out} was made with --tokenizer={made}, now --tokenizer="
+                       f"{cfg.world.tokenizer}: stage {st.name} reads that world's tokens")
+
+
 def run_stages(cfg, upto=None):
-    """Check the state of out_dir, then run what is missing or asked for. Returns {stage: seconds}."""
+    """Check the state of out_dir, then run what is missing or asked for. Returns {stage: seconds}.
+    Every check comes before anything is removed: the flags, the records, and the world's lengths (a world to be
+    made is built aside and checked first)."""
     if not dist.is_main():                               # torchrun
         return follow_stages(cfg)
     out = cfg.run.out_dir
+    # A damaged record is a missing one: its stage is redone, and a line says so.
+    notes = []
+    records = {} if cfg.run.fresh else store.load_records(out, notes)
+    timings = {} if cfg.run.fresh else load_timings(cfg, notes)
+    for line in notes:
+        print(line)
+    # Nothing recorded by a read-only stage; config.json is left as it is.
+    read_only = cfg.run.stage in ("sample", "inspect")
+    if read_only:
+        check_read_only(cfg)
+        todo, kept = [BY_NAME[cfg.run.stage]], []
+    else:
+        stages = STAGES[:[s.name for s in STAGES].index(upto) + 1] if upto else STAGES
+        todo, kept = store.plan(stages, cfg.run.stage, out, records, lambda st: stamp(cfg, st),
+                                lambda st: files(cfg, st.outputs))
+    for name in kept:
+        print(f"---- stage {name}: done with this config, kept ----")
+    if todo and todo[0].name == "world":
+        build_world_aside(cfg)
+    else:
+        world_ok(cfg, corpus=todo not in ([SAMPLE], [INSPECT]))
     if cfg.run.fresh:
         for n in [n for st in STAGES for n in st.outputs + [st.partial] if n] + ["stages.json", "timings.json"]:
             store.remove(path(cfg, n))
-    records = store.load_records(out)
-    read_only = cfg.run.stage in ("sample", "inspect")          # nothing recorded; config.json left as it is
-    if read_only:
-        st = BY_NAME[cfg.run.stage]
-        missing = [n for n in files(cfg, st.inputs) if not os.path.exists(path(cfg, n))]
-        if missing:
-            raise RunError(f"stage {st.name} needs {', '.join(missing)} in {out}: run the stages before it first")
-        made = records.get("world", {}).get("config", {}).get("tokenizer", cfg.world.tokenizer)
-        if made != cfg.world.tokenizer:                         # its other flags only say how to sample
-            raise RunError(f"the world in {out} was made with --tokenizer={made}, now --tokenizer="
-                           f"{cfg.world.tokenizer}: stage {st.name} reads that world's tokens")
-        todo, kept = [st], []
-    else:
-        stages = STAGES[:[s.name for s in STAGES].index(upto) + 1] if upto else STAGES
-        todo, kept = store.plan(stages, cfg.run.stage, out, records, lambda st: stamp(cfg, st))
-    for name in kept:
-        print(f"---- stage {name}: done with this config, kept ----")
-    if not todo or todo[0].name != "world":
-        world_ok(cfg, corpus=todo not in ([SAMPLE], [INSPECT]))
-    if not read_only:                                           # the config the recorded stages were made with
+    # The config the recorded stages were made with.
+    if not read_only:
         store.save_json(path(cfg, "config.json"), {g: dataclasses.asdict(c) for g, c in vars(cfg).items()})
-    timings = store.load_json(path(cfg, "timings.json")) if os.path.exists(path(cfg, "timings.json")) else {}
     dist.broadcast_object([st.name for st in todo])      # torchrun: the plan, to the other ranks
     for st in todo:
-        if st.outputs:                                # what this stage and every later one made is out of date now
+        # What this stage and every later one made is out of date now.
+        if st.outputs:
             for later in STAGES[STAGES.index(st):]:
                 records.pop(later.name, None)
                 for n in later.outputs:
@@ -116,11 +136,10 @@ def run_stages(cfg, upto=None):
         t = time.time()
         with autocast(cfg.run.device, cfg.run.dtype):    # fp32: no-op; bf16: every forward of the stage (model.py)
             st.fn(cfg, stamp(cfg, st))
-        if st.name == "world":
-            world_ok(cfg)
         if st.outputs:
-            records[st.name] = store.make_record(out, stamp(cfg, st)["config"], files(cfg, st.inputs),
-                                                 files(cfg, st.outputs))
+            s = stamp(cfg, st)
+            records[st.name] = store.make_record(out, s["config"], files(cfg, st.inputs), files(cfg, st.outputs),
+                                                 s["defaults"])
             store.save_json(store.records_path(out), records)
             timings[st.name] = round(time.time() - t, 1)
             store.save_json(path(cfg, "timings.json"), timings)
@@ -141,13 +160,21 @@ def main(argv):
     try:
         if not dist.is_main():                           # torchrun: rank 0 checks the folder and holds the lock
             return run_stages(cfg)
-        if store.not_a_folder(cfg.run.out_dir):
-            die(f"--out_dir={cfg.run.out_dir} {store.not_a_folder(cfg.run.out_dir)}")
+        out = cfg.run.out_dir
+        if store.not_a_folder(out):
+            die(f"--out_dir={out} {store.not_a_folder(out)}")
+        # A read-only stage on a folder without a finished run makes nothing, not even the folder.
+        if cfg.run.stage in ("sample", "inspect"):
+            check_read_only(cfg)
         try:
-            os.makedirs(cfg.run.out_dir, exist_ok=True)
+            os.makedirs(out, exist_ok=True)
         except OSError as e:
-            die(f"--out_dir={cfg.run.out_dir} cannot be made ({e.strerror})")
-        with store.Lock(cfg.run.out_dir):
+            die(f"--out_dir={out} cannot be made ({e.strerror})")
+        # Only the sample stage writes nothing: every other command must be able to write here.
+        if cfg.run.stage != "sample" and store.unwritable(out):
+            die(f"--out_dir={out} is not writable ({store.unwritable(out)}): use a folder this process may "
+                "write, or another --out_dir")
+        with store.Lock(out, read_only=cfg.run.stage == "sample"):
             return run_stages(cfg)
     except RunError as e:
         die(str(e), e.code)                              # torchrun: one line, from rank 0 (errors.die)

@@ -11,7 +11,7 @@ import torch
 import torch.multiprocessing as mp
 
 import data, dist, ppo, stages, store, train
-from config import PretrainConfig
+from config import PretrainConfig, override
 from conftest import recording_controller
 from errors import RunError
 from kl import KLConfig
@@ -106,8 +106,8 @@ def ppo_loop(out, monkeypatch_fed, *flags):
     """train_ppo itself, 3 iterations on the tiny models; returns (what the β controller was fed, metrics rows)."""
     _, ref, critic, rm = models()
     actor = copy.deepcopy(ref.model).requires_grad_(True)                 # PPO starts at the reference
-    cfg = train.parse(["--preset=smoke", "--ppo_iters=3", "--rollout_batch=8", "--minibatch_size=4",
-                       "--response_length=8", "--ppo_lr=1e-2", "--kl_horizon=10", "--device=cpu", *flags])
+    cfg = train.parse(override(["--preset=smoke", "--ppo_iters=3", "--rollout_batch=8", "--minibatch_size=4",
+                                "--response_length=8", "--ppo_lr=1e-2", "--kl_horizon=10", "--device=cpu"], *flags))
     fed = []
     monkeypatch_fed(recording_controller(ppo.make_kl_controller, fed))
     metrics, _ = ppo.train_ppo(actor, critic.requires_grad_(True), ref, rm, Letters(), ["abc", "de", "fghij", "k"],

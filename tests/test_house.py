@@ -1,11 +1,11 @@
 """How the files stand on each other: imports only go down (no circle, counting imports inside functions), the
-ground files import nothing of the pipeline, and no file is over the length a reader takes in at once."""
+ground files import nothing of the pipeline, and no file is past the length where it should be split by concept."""
 import ast, glob, os
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GROUND = {"errors": set(), "config": {"errors"}, "store": {"errors"}, "dist": {"errors"}}   # may import only these
-MAX_LINES = 350
+MAX_LINES = 450
 
 
 def sources():
@@ -70,7 +70,7 @@ def test_the_ground_files_import_nothing_of_the_pipeline(name):
     assert imports(srcs[name], srcs) <= GROUND[name], f"{name}.py imports {sorted(imports(srcs[name], srcs))}"
 
 
-def test_no_file_is_over_350_lines():
+def test_no_file_is_over_450_lines():
     long = {m: s.count("\n") for m, s in sources().items() if s.count("\n") > MAX_LINES}
     assert not long, f"over {MAX_LINES} lines (split along a concept): {long}"
 

@@ -45,7 +45,7 @@ def numbers(out):
 
 @pytest.mark.parametrize("args, message", [
     (["--nope=1"], "unknown flag"), (["max_iters=3"], "unknown flag"), (["--max_iters=abc"], "bad value"),
-    (["--fresh=maybe"], "bad value"), (["--stage=bogus"], "bad value for --stage"), (["--preset=huge"], "bad value"),
+    (["--fresh=maybe"], "bad value"), (["--stage=bogus"], "bad value for --stage"), (["--seed=1", "--seed=2"], "--seed is given twice"), (["--fresh=yes"], "true, false, 1 or 0"),
     (["--kl_estimator=k9"], "bad value"), (["--ref_sync_alpha=0"], "(0,1]"), (["--ref_update=soft"], "bad value"), (["--ref=int8", "--ref_update=sync"], "needs --ref=full"), (["--device=tpu"], "bad value"), (["--lr=nan"], "finite"),
     (["--lr=inf"], "finite"), (["--lr=0"], "must be >0"), (["--gamma=1.5"], "[0,1]"), (["--n_pairs=1"], "--n_pairs=1"),
     (["--n_reviews=20"], "--n_reviews"), (["--minibatch_size=100"], "--minibatch_size=100"),
@@ -296,3 +296,8 @@ def test_inspect_refuses_an_actor_the_ppo_stage_did_not_make(run, tmp_path, caps
     shutil.copy(os.path.join(out, "pretrain.pt"), os.path.join(out, "actor.pt"))   # copied in by hand
     assert "not the actor the ppo stage made" in refused(SMOKE + [f"--out_dir={out}", "--stage=inspect"], capsys)
     assert not os.path.exists(os.path.join(out, "inspect.html"))
+
+
+def test_a_bad_preset_is_refused(tmp_path, capsys):
+    assert "bad value for --preset" in refused([f"--out_dir={tmp_path}", "--preset=huge"], capsys)
+    assert not os.listdir(tmp_path)

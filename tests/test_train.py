@@ -301,8 +301,8 @@ def test_a_field_added_since_a_record_matches_at_its_default_only(run, tmp_path,
     out = tmp_path / "out"
     shutil.copytree(run, out)
     records = read(str(out), "stages.json")
-    del records["ppo"]["config"]["cliprange"]               # smoke keeps the code default, 0.2
-    del records["report"]["config"]["pass_gold"]
+    for stage, field in (("ppo", "cliprange"), ("report", "pass_gold")):   # smoke keeps the code defaults
+        del records[stage]["config"][field], records[stage]["defaults"][field]
     store.save_json(str(out / "stages.json"), records)
     before = {n: store.file_hash(str(out / n)) for n in ("actor.pt", "report.json")}
     train.main(["--preset=smoke", f"--out_dir={out}"])     # every stage kept: nothing made again
@@ -310,7 +310,7 @@ def test_a_field_added_since_a_record_matches_at_its_default_only(run, tmp_path,
     err = refused_here(train.main, ["--preset=smoke", f"--out_dir={out}", "--cliprange=0.3"], capsys)
     assert "stage ppo" in err and "no --cliprange, now --cliprange=0.3" in err
     records = read(str(out), "stages.json")
-    del records["ppo"]["config"]["ppo_epochs"]              # smoke's 2 is not the code default, 4
+    del records["ppo"]["config"]["ppo_epochs"], records["ppo"]["defaults"]["ppo_epochs"]   # smoke: 2, not 4
     store.save_json(str(out / "stages.json"), records)
     err = refused_here(train.main, ["--preset=smoke", f"--out_dir={out}"], capsys)
     assert "no --ppo_epochs, now --ppo_epochs=2" in err
