@@ -226,3 +226,18 @@ def check_world(cfg, enc, prompts, split_tokens):
         if tokens <= block + 1:
             raise RunError(f"the {split} split has {tokens} tokens, too few for windows of --block_size={block} + 1:"
                            f" raise --n_reviews (now {cfg.world.n_reviews}) and redo with --fresh")
+
+
+def check_once(argv):
+    """A flag given twice (--name or --name=value) is refused: one line naming it, exit 2. Which of
+    the two was meant is not for a parser to guess (ablate.py's and bench.py's own flags)."""
+    names = [a.partition("=")[0] for a in argv]
+    if len(set(names)) < len(names):
+        die(f"{max(names, key=names.count)} is given twice (give each flag once)")
+
+
+def override(flags, later):
+    """flags, less every flag that `later` names again, then `later`: "the later flag wins" for a
+    parser that takes each flag once (ablate.py's and bench.py's runs, through train.parse)."""
+    names = {a.partition("=")[0] for a in later}
+    return [a for a in flags if a.partition("=")[0] not in names] + later
