@@ -28,7 +28,7 @@ import multiprocessing, os, signal, sys, time
 import torch
 
 import data, stages, store, tokenizer, train
-from config import override
+from config import check_once, override
 from errors import RunError, die
 from evaluate import best_of_k, evaluate_policy, plot_bestofk, sample_texts
 from model import autocast, load_checkpoint
@@ -107,6 +107,7 @@ SUITES = {                      # a plain dict: add a suite by adding a line; `a
 SUITES["all"] = list(dict.fromkeys(c for suite in SUITES.values() for c in suite))
 DEFAULTS = []                   # the main run's budget: train.py's rollout_batch, ppo_iters and n_eval
 QUICK = ["--rollout_batch=32", "--ppo_iters=12", "--n_eval=64"]
+BOOLS = {"": True, "1": True, "true": True, "0": False, "false": False}
 
 
 def parse(argv):
@@ -115,13 +116,14 @@ def parse(argv):
         print(__doc__)
         sys.exit(0)
     opts = dict(quick=False, seeds=3, conditions="", suite="core", jobs=2, subdir="ablate")
+    check_once(argv)
     user = []
     for a in argv:
         name, _, value = a[2:].partition("=")
         if a.startswith("--") and name in opts:
             try:
-                opts[name] = (value.lower() in ("", "1", "true")) if name == "quick" else type(opts[name])(value)
-            except ValueError:
+                opts[name] = BOOLS[value.lower()] if name == "quick" else type(opts[name])(value)
+            except (KeyError, ValueError):
                 die(f"bad value for --{name}: {value!r}")
         else:
             user.append(a)
@@ -144,11 +146,12 @@ def parse(argv):
         die(f"bad value for --subdir: {opts['subdir']!r} (a plain folder name)")
     if opts["quick"]:
         opts["seeds"] = min(opts["seeds"], 1)
-    # Later flags win: the user's over the budget's, a condition's over the user's.
-    rest = override(DEFAULTS + (QUICK if opts["quick"] else []), *user)
+    # Each run's flags and seed (--seed + k for run k < --seeds) fail here, before any work.
+    rest = override(DEFAULTS + (QUICK if opts["quick"] else []), user)
     for c in conds:
-        # Unknown or ill-typed flags fail here, before any work.
-        cfg = train.parse(override(rest, *CONDITIONS[c]))
+        cfg = train.parse(override(rest, CONDITIONS[c]))
+    if cfg.run.seed + opts["seeds"] > 2 ** 31:
+        die(f"--seed={cfg.run.seed} with --seeds={opts['seeds']}: a run's seed would be >= 2^31")
     for d in (cfg.run.out_dir, os.path.join(cfg.run.out_dir, opts["subdir"])):
         if store.not_a_folder(d):
             die(f"--out_dir={cfg.run.out_dir}: {d} {store.not_a_folder(d)}")
@@ -195,10 +198,10 @@ def one_run(job):
     """A single PPO run in its own folder; returns its row for results.jsonl. A finished run made under the same
     config and inputs, its outputs intact, is reused; any other is done again (resuming from its ppo_state.pt when
     that was made under the same config and inputs; --fresh: from the start)."""
-    cond, seed, flags, base, run_dir, threads = job
+    cond, seed, rest, base, run_dir, threads = job
     if threads:
         torch.set_num_threads(threads)
-    cfg = train.parse(override(flags, f"--seed={seed}", f"--out_dir={base}"))
+    cfg = train.parse(override(rest, CONDITIONS[cond] + [f"--seed={seed}", f"--out_dir={base}"]))
     st = stages.BY_NAME["ppo"]
     stamp = stages.stamp(cfg, st)
     if cfg.run.fresh or not finished(run_dir, stamp):
@@ -214,6 +217,18 @@ def one_run(job):
     return dict(condition=cond, seed=seed, **s["final"], kl_coef_final=s["kl_coef_final"], seconds=s["seconds"],
                 ref=s.get("ref"), entropy=s["entropy"], s_per_iter=s["ref"]["seconds_per_iter"],
                 critic_mb=s["critic_bytes"] / 1e6, **bestofk_cells(s["bestofk"]))
+
+
+def pool_run(job):
+    """one_run in a worker; whatever stops it comes back as a RunError. imap waits for ever on a
+    SystemExit (it ends the worker unseen by the pool) or an exception pickle cannot rebuild."""
+    try:
+        return one_run(job)
+    except RunError:
+        raise
+    except BaseException as e:
+        why = " ".join(f"{type(e).__name__}: {e}".split())
+        raise RunError(f"run {job[0]} seed {job[1]}: {why} (--jobs=1 shows where)", 1)
 
 
 def baseline_row(cfg, base, seed):
@@ -275,7 +290,7 @@ def ablate(opts, rest):
     base = cfg.run.out_dir
     os.makedirs(base, exist_ok=True)
     with store.Lock(base):
-        main_run = train.parse(override(rest, "--stage=all"))
+        main_run = train.parse(override(rest, ["--stage=all"]))
         main_run.run.fresh = False                      # --fresh redoes this command's ablation runs, never the main run
         try:
             train.run_stages(main_run, upto="reward")   # pretrained model, reference, reward model: built when missing
@@ -286,7 +301,7 @@ def ablate(opts, rest):
         os.makedirs(adir, exist_ok=True)
         order = opts["conditions"].split(",")
         seed0 = cfg.run.seed
-        jobs = [(c, seed0 + k, override(rest, *CONDITIONS[c]), base, os.path.join(adir, c, f"seed{seed0 + k}"),
+        jobs = [(c, seed0 + k, rest, base, os.path.join(adir, c, f"seed{seed0 + k}"),
                  1 if opts["jobs"] > 1 else 0) for c in dict.fromkeys(map(folder, order))
                 for k in range(opts["seeds"])]                  # a SAME_AS condition runs once, in its twin's folder
         t0, rows = time.time(), [baseline_row(cfg, base, seed0)]
@@ -294,7 +309,7 @@ def ablate(opts, rest):
         pool = multiprocessing.get_context("spawn").Pool(opts["jobs"], _worker_init, (os.getpid(),)) \
             if opts["jobs"] > 1 else None
         try:
-            for row in (pool.imap(one_run, jobs) if pool else map(one_run, jobs)):
+            for row in (pool.imap(pool_run, jobs) if pool else map(one_run, jobs)):
                 rows.append(row)
                 print(f"  {row['condition']:16s} seed {row['seed']}: gold {row['gold_mean']:+.2f} proxy "
                       f"{row['proxy_mean']:+.2f} kl {row['kl']:.2f} ({row['seconds']:.0f}s, total "

@@ -30,8 +30,7 @@ import dataclasses, math, os, shutil, statistics, sys, time
 import torch
 
 import data, stages, store, tokenizer, train
-from config import override
-from config import auto_dtype
+from config import auto_dtype, check_once, override
 from errors import RunError, die
 from evaluate import step0_kl
 from kl import KLConfig
@@ -174,9 +173,9 @@ def bench_refs(argv):
     exact KL from the full reference at step 0, on the finished run in --out_dir (train.py's flags)."""
     cfg = train.parse(argv)
     base, run = cfg.run.out_dir, cfg.run
+    n_layer = stages.load_models(base, run.device)[1].model.config.n_layer
     enc = tokenizer.load_tokenizer(base, cfg.world.tokenizer)
     heldout = data.load_prompts(base)["heldout"]
-    n_layer = load_checkpoint(os.path.join(base, "ref.pt"))[0].config.n_layer
     print("| ref | bytes held for the reference | trainable actor state, bytes | KL to full ref at step 0 |")
     print("|---|---|---|---|")
     for kind in KINDS[:-1] + [f"shared_{n}" for n in range(1, n_layer)]:
@@ -222,8 +221,10 @@ def bench_bar(grid, argv):
     runs = []
     for opt, lr, n in parse_grid(grid):                     # every run's flags checked before any work
         d = os.path.join(base, "bench_bar", f"{opt}_lr{lr:g}_iters{n}")
-        c = train.parse(override(argv, f"--optimizer={opt}", f"--{LR_FLAG[opt]}={lr}", f"--max_iters={n}",
-                                 f"--out_dir={d}"))
+        if any(c.run.out_dir == d for *_, c in runs):
+            die(f"--bar: two grid points would share {d} (the same point, or lrs that print alike)")
+        c = train.parse(override(argv, [f"--optimizer={opt}", f"--{LR_FLAG[opt]}={lr}",
+                                        f"--max_iters={n}", f"--out_dir={d}"]))
         c.run.fresh = False                                 # --fresh: redo the runs, never the world
         runs.append((opt, lr, n, c))
     world = store.load_records(base).get("world")
@@ -252,8 +253,6 @@ def bench_bar(grid, argv):
                     if fresh:
                         store.remove(os.path.join(d, "pretrain_ckpt.pt"))
                 train.run_stages(c, upto="pretrain")
-        except RunError as e:
-            die(str(e), e.code)
         except KeyboardInterrupt:
             die("interrupted; finished runs are kept, and the same command goes on from there", 130)
         s = store.load_json(os.path.join(d, "pretrain.json"))
@@ -282,11 +281,15 @@ def main(argv):
     if "--help" in argv or "-h" in argv:                    # the docstring says every mode and flag
         print(__doc__)
         return
-    if "--refs" in argv:                                    # the reference table: train.py's flags pass through
-        return bench_refs([a for a in argv if a != "--refs"])
+    check_once(argv)
     bar = [a for a in argv if a == "--bar" or a.startswith("--bar=")]
-    if bar:                                                 # tokens to the quality bar: train.py's flags pass through
-        return bench_bar(bar[-1].partition("=")[2] or GRID, [a for a in argv if a not in bar])
+    try:
+        if "--refs" in argv:
+            return bench_refs([a for a in argv if a != "--refs"])
+        if bar:
+            return bench_bar(bar[-1].partition("=")[2] or GRID, [a for a in argv if a not in bar])
+    except RunError as e:
+        die(str(e), e.code)
     opts = dict(threads=0, device="cpu", repeats=3, out_dir="out")
     for a in argv:
         name, _, value = a[2:].partition("=")

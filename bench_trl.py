@@ -35,6 +35,11 @@ import statistics, sys, time, warnings
 
 from errors import die
 
+# The help is the docstring: printed before the imports below, which fail without trl.
+if __name__ == "__main__" and ("--help" in sys.argv or "-h" in sys.argv):
+    print(__doc__)
+    sys.exit(0)
+
 try:                                       # a one-line error, not a traceback, outside the scratch venv
     import torch
     import trl, transformers

@@ -143,13 +143,12 @@ def parse_args(argv, groups, doc=""):
     if "--help" in argv or "-h" in argv:
         print_help(doc, groups)
         sys.exit(0)
+    check_once(argv)
     values = {}
     for a in argv:
         name, _, text = a[2:].partition("=")
         if not a.startswith("--") or name not in by_name:
             die(f"unknown flag {a!r} (--help lists them)")
-        if name in values:
-            die(f"--{name} is given twice: give each flag once")
         try:
             values[name] = _convert(by_name[name], text)
         except ValueError:
@@ -172,14 +171,6 @@ def parse_args(argv, groups, doc=""):
         if m.get("rule") and not RULES[m["rule"]](v):
             die(f"bad value for --{f.name}: {v} (must be {m['rule']})")
     return cfg
-
-
-def override(argv, *flags):
-    """argv and then `flags`, each flag taking the place of one of its name already in argv: how a program that
-    builds a command line on the user's (ablate.py, bench.py) sets flags of its own, since a flag given twice is
-    refused."""
-    names = {f.partition("=")[0] for f in flags}
-    return [a for a in argv if a.partition("=")[0] not in names] + list(flags)
 
 
 def flat(cfg):
@@ -242,3 +233,18 @@ def check_world(cfg, enc, prompts, split_tokens):
         if tokens <= block + 1:
             raise RunError(f"the {split} split has {tokens} tokens, too few for windows of --block_size={block} + 1:"
                            f" raise --n_reviews (now {cfg.world.n_reviews}) and redo with --fresh")
+
+
+def check_once(argv):
+    """A flag given twice (--name or --name=value) is refused: one line naming it, exit 2. Which of
+    the two was meant is not for a parser to guess (train.py's flags, ablate.py's and bench.py's)."""
+    names = [a.partition("=")[0] for a in argv]
+    if len(set(names)) < len(names):
+        die(f"{max(names, key=names.count)} is given twice (give each flag once)")
+
+
+def override(flags, later):
+    """flags, less every flag that `later` names again, then `later`: "the later flag wins" for a
+    parser that takes each flag once (ablate.py's and bench.py's runs, through train.parse)."""
+    names = {a.partition("=")[0] for a in later}
+    return [a for a in flags if a.partition("=")[0] not in names] + later

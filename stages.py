@@ -18,6 +18,7 @@ import torch
 import data, dist, store, tokenizer
 from errors import RunError
 from config import WorldConfig, PretrainConfig, check_world, fields
+from errors import RunError
 from evaluate import (best_of_k, evaluate_policy, judge_texts, plot_bestofk, plot_metrics, sample_texts, step0_kl,
                       write_report)
 from inspect_page import stage_inspect
@@ -242,6 +243,10 @@ def stage_reward(cfg, stamp):
 # ---- stage: ppo (the loop is ppo.train_ppo) ----
 def load_models(base, device):
     """The pretrained actor, the frozen reference and the reward model (no gradients) of a run folder."""
+    models = ("pretrain.pt", "ref.pt", "reward.pt")
+    missing = [n for n in models if not os.path.isfile(os.path.join(base, n))]
+    if missing:
+        raise RunError(f"{base} has no {', '.join(missing)}: run train.py --out_dir={base} first")
     actor, _ = load_checkpoint(os.path.join(base, "pretrain.pt"), device)
     ref, _ = load_checkpoint(os.path.join(base, "ref.pt"), device)
     rm, _ = load_scalar_model(os.path.join(base, "reward.pt"), device)

@@ -3,7 +3,7 @@ Ctrl-C are one line, and Ctrl-C leaves no worker behind."""
 import json, math, os, signal, subprocess, sys, time
 import numpy as np
 import pytest
-import ablate, store, tables, train
+import ablate, stages, store, tables, train
 from config import flat
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -350,3 +350,98 @@ def test_a_main_run_made_otherwise_is_train_pys_to_redo(run, capsys):
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count("\n") == 1
     assert "n_pairs" in err and f"python train.py --out_dir={run}" in err and "only its own runs" in err
+
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--seed=2147483646", "--seeds=3"], "--seed=2147483646 with --seeds=3"),
+    (["--seeds=2147483647"], "--seed=1337 with --seeds=2147483647"),
+    (["--seeds=2", "--seeds=3"], "--seeds is given twice"),
+    (["--quick", "--quick=false"], "--quick is given twice"),
+    (["--quick=bogus"], "bad value for --quick"), (["--quick=yes"], "bad value for --quick")])
+def test_bad_own_flags_are_refused_before_any_work(argv, message, tmp_path, capsys):
+    """Every run's seed (the base seed + k, k < --seeds) in [0, 2^31), a boolean of true, false, 1
+    or 0, each flag once: checked by parse, before anything is built."""
+    with pytest.raises(SystemExit) as e:
+        ablate.parse(["--preset=smoke", f"--out_dir={tmp_path / 'out'}"] + argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and message in err and err.count("\n") == 1, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_boolean_flag_takes_true_false_1_or_0():
+    cases = [("", True), ("=true", True), ("=1", True), ("=False", False), ("=0", False)]
+    for value, quick in cases:
+        assert ablate.parse(["--preset=smoke", f"--quick{value}"])[0]["quick"] is quick
+
+
+def test_every_run_gives_train_parse_each_flag_once(run, monkeypatch):
+    """--quick's budget, a condition's KL flags and each run's seed and folder replace the user's
+    flags of the same name, never repeat them: train.py takes each flag once."""
+    parse, parsed = train.parse, []
+
+    def once(argv):
+        names = [a.partition("=")[0] for a in argv]
+        assert len(set(names)) == len(names), argv
+        parsed.append(argv)
+        return parse(argv)
+
+    # No baseline row, and the first run stops as soon as its flags are parsed (--jobs=1: here).
+    def stop(*a, **k):
+        raise KeyboardInterrupt
+
+    def no_row(*a):
+        return {}
+    monkeypatch.setattr(train, "parse", once)
+    monkeypatch.setattr(stages, "run_ppo", stop)
+    monkeypatch.setattr(ablate, "baseline_row", no_row)
+    with pytest.raises(SystemExit):
+        ablate.main(["--preset=smoke", f"--out_dir={run}", "--quick", "--ppo_iters=1", "--n_eval=8",
+                     "--init_kl_coef=0.3", "--stage=ppo", "--conditions=no_kl", "--jobs=1",
+                     "--subdir=ablate_once"])
+    last = parsed[-1]
+    assert "--seed=1337" in last and f"--out_dir={run}" in last and "--init_kl_coef=0" in last
+
+
+FAILING = """import sys
+import ablate, stages
+
+
+class Odd(Exception):
+    '''An exception pickle cannot rebuild: its __init__ wants two arguments, its args hold one.'''
+
+    def __init__(self, a, b):
+        super().__init__(a)
+
+
+def fails(*a, **k):
+    {body}
+
+
+# At the top of the file: the spawned workers run it too, before their first job.
+stages.run_ppo = fails
+if __name__ == "__main__":
+    ablate.main(sys.argv[1:])
+"""
+
+
+@pytest.mark.parametrize("body", ["sys.exit(2)", "raise Odd('odd', 1)"])
+def test_a_worker_that_fails_ends_ablate_with_one_line(body, run, tmp_path):
+    """A SystemExit in a worker (errors.die's) ended the worker unseen by the pool, and an exception
+    pickle cannot rebuild ended the pool's result thread: either way ablate waited for ever."""
+    script = tmp_path / "failing.py"
+    script.write_text(FAILING.replace("{body}", body))
+    flags = ["--preset=smoke", f"--out_dir={run}", "--quick", "--ppo_iters=1", "--n_eval=8",
+             "--conditions=no_kl,fixed_0.5", "--jobs=2", "--subdir=ablate_fails"]
+    p = subprocess.Popen([sys.executable, str(script), *flags], cwd=ROOT,
+                         env=dict(os.environ, PYTHONPATH=ROOT), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 1 and err.count("\n") == 1 and err.startswith("error: run "), err
+        assert "no_kl seed 1337" in err or "fixed_0.5 seed 1337" in err
+    finally:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

@@ -107,7 +107,7 @@ def ppo_loop(out, monkeypatch_fed, *flags):
     _, ref, critic, rm = models()
     actor = copy.deepcopy(ref.model).requires_grad_(True)                 # PPO starts at the reference
     cfg = train.parse(override(["--preset=smoke", "--ppo_iters=3", "--rollout_batch=8", "--minibatch_size=4",
-                                "--response_length=8", "--ppo_lr=1e-2", "--kl_horizon=10", "--device=cpu"], *flags))
+                                "--response_length=8", "--ppo_lr=1e-2", "--kl_horizon=10", "--device=cpu"], list(flags)))
     fed = []
     monkeypatch_fed(recording_controller(ppo.make_kl_controller, fed))
     metrics, _ = ppo.train_ppo(actor, critic.requires_grad_(True), ref, rm, Letters(), ["abc", "de", "fghij", "k"],

@@ -138,11 +138,11 @@ def test_a_bad_optimizer_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys)
 @pytest.mark.parametrize("flag", ["--optimizer=adamw", "--muon_lr=0.01"])
 def test_a_pretrain_stage_made_under_other_optimizer_flags_is_refused(world, tmp_path, capsys, flag):
     out = world_copy(world, tmp_path / "run")
-    short = override(MUON, f"--out_dir={out}", "--max_iters=2", "--n_samples=1")
+    short = override(MUON, [f"--out_dir={out}", "--max_iters=2", "--n_samples=1"])
     train.main(short + ["--stage=pretrain"])
     before = {n: store.file_hash(os.path.join(out, n)) for n in os.listdir(out) if n != ".lock"}
     with pytest.raises(SystemExit) as e:
-        train.main(override(short, "--stage=reference", flag))
+        train.main(override(short, ["--stage=reference", flag]))
     err = capsys.readouterr().err.strip()
     name, _, new = flag[2:].partition("=")
     assert e.value.code == 2 and len(err.splitlines()) == 1 and "stage pretrain" in err and f"now --{name}={new}" in err
