@@ -1,15 +1,17 @@
 """Critic-free advantages (grpo.py) against loops over the groups, the path PPO runs them through (make_experience ->
 ppo_update -> train_ppo, no critic anywhere), and best-of-k / pass@k (evaluate.py) against every k-subset."""
 import copy, itertools, math, os, statistics
+from types import SimpleNamespace
 import pytest
 import torch
 from errors import RunError
-from evaluate import expected_best, pass_at_k
+from evaluate import best_of_k, expected_best, pass_at_k
 from kl import KLConfig
 from model import GPT, GPTConfig, StepGuard, pad_left
 from ref import Reference
 from reward import ScalarModel
-import grpo, ppo, store, train
+from tokenizer import make_encoding
+import data, grpo, ppo, store, train
 from tests.test_dist import Letters                  # a stand-in tokenizer: letters a.. as ids 1.., end-of-text 0
 
 EOS = 3
@@ -174,3 +176,75 @@ def test_pass_at_k_is_the_fraction_of_k_subsets_with_a_pass(n):
             assert pass_at_k(n, c, k) == pytest.approx(sum(map(any, subsets)) / len(subsets), abs=1e-12)
     assert pass_at_k(16, 4, 1) == 0.25 and pass_at_k(16, 0, 16) == 0 and pass_at_k(16, 1, 16) == 1
     assert math.isclose(pass_at_k(4, 2, 2), 1 - 1 / 6)
+
+
+class Writer:
+    """A stand-in policy for best_of_k: to each prompt it writes the next of the responses chosen
+    for that prompt, as generate returns them: (B, R) ids, end-of-text after the text, and a text
+    without one fills all R."""
+
+    def __init__(self, enc, responses):
+        self.enc = enc
+        self.left = {p: list(rs) for p, rs in responses.items()}
+
+    def eval(self):
+        return self
+
+    def generate(self, idx, max_new_tokens, temperature, eos, mask):
+        rows = []
+        for q, m in zip(idx, mask):
+            # encode_prompts puts end-of-text before each prompt, so it is left out here.
+            prompt = self.enc.decode(q[m].tolist()[1:])
+            ids = self.enc.encode(self.left[prompt].pop(0), allowed_special="all")
+            assert len(ids) == max_new_tokens or (len(ids) < max_new_tokens and ids[-1] == eos)
+            rows.append(ids + [eos] * (max_new_tokens - len(ids)))
+        return torch.tensor(rows), torch.zeros(len(rows), max_new_tokens)
+
+
+def test_best_of_k_passes_only_well_formed_responses_above_the_bar():
+    """best_of_k through sample_texts and data.judge, on a policy whose responses are known:
+    ill-formed ones with a high gold score (an ungrammatical sentence, an off-domain aspect, no
+    end-of-text), well-formed ones at exactly pass_gold. pass@k and the expected best gold of k
+    against every k-subset of each prompt's responses."""
+    # A byte-level tokenizer: any text is a token sequence, and end-of-text is id 256.
+    enc = make_encoding({bytes([i]): i for i in range(256)})
+    R, E, bar = 100, data.EOT, 1.5
+    good = "the pasta was extremely delicious. the waiter was very friendly."
+    sharp = "the camera was extremely sharp. the display was very crisp."
+    responses = {
+        "review: the pasta place on 5th street\n": [
+            good + E, good + " pasta the was." + E, good + " the camera was very sharp." + E,
+            (good + " the soup was truly fresh.").ljust(R), "the pasta was bland." + E],
+        "review: the zeta x2 phone\n": [
+            sharp + " blah." + E, sharp.ljust(R), "the camera was good." + E,
+            "the pasta was extremely delicious. the camera was very sharp." + E,
+            "the design was good." + E],
+        "review: the grand hotel on main street\n": [
+            "the room was very spotless. the staff was extremely helpful." + E,
+            "the bed was cozy." + E,
+            "the room was extremely spotless. the pasta was very delicious." + E,
+            "i would definitely recommend this hotel." + E,
+            ("the staff was extremely welcoming. the room was very cozy. the bathroom was truly "
+             "spacious.").ljust(R)]}
+    writer = Writer(enc, responses)
+    run = SimpleNamespace(response_length=R, temperature=1.0, device="cpu")
+    got = best_of_k(writer, enc, list(responses), run, 5, bar, 15, ks=(1, 2, 3, 5, 8))
+    # Every response was written, once.
+    assert all(not left for left in writer.left.values())
+    verdicts = [[data.judge(p, r) for r in rs] for p, rs in responses.items()]
+    wellformed = [[v["wellformed"] for v in vs] for vs in verdicts]
+    scores = [[v["score"] for v in vs] for vs in verdicts]
+    # The premise: 8 ill-formed responses above the bar, 2 well-formed ones at it, 3 passes.
+    assert sum(not w and s > bar for ws, ss in zip(wellformed, scores) for w, s in zip(ws, ss)) == 8
+    assert sum(w and s == bar for ws, ss in zip(wellformed, scores) for w, s in zip(ws, ss)) == 2
+    assert sum(w and s > bar for ws, ss in zip(wellformed, scores) for w, s in zip(ws, ss)) == 3
+    assert got["k"] == [1, 2, 3, 5] and got["prompts"] == 3 and got["n"] == 5
+    for i, k in enumerate(got["k"]):
+        pass_at, best = [], []
+        for ws, ss in zip(wellformed, scores):
+            subsets = list(itertools.combinations(range(5), k))
+            passed = [any(ws[j] and ss[j] > bar for j in s) for s in subsets]
+            pass_at.append(sum(passed) / len(subsets))
+            best.append(sum(max(ss[j] for j in s) for s in subsets) / len(subsets))
+        assert got["pass_at"][i] == pytest.approx(statistics.mean(pass_at), abs=1e-12)
+        assert got["best"][i] == pytest.approx(statistics.mean(best), abs=1e-12)

@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 from model import GPT, GPTConfig, StepGuard, pad_left, response_logits, response_mask, token_logprobs
-from reward import ScalarModel
+from reward import ScalarModel, response_values
 from ref import Reference
 from kl import KLConfig, kl_full
 import ppo
@@ -137,6 +137,22 @@ def test_make_experience_equals_a_slow_per_row_computation(gamma, lam, T):
         assert (info["rewards"][b, n:] == 0).all() and not batch["mask"][b, n:].any()
     assert info["truncated"].tolist() == [False, True] + [EOS not in r for r in resp[2:].tolist()]
     assert (info["kl_exact"] > 0).all()                               # this actor is not the reference
+
+
+def test_the_critic_s_value_of_response_token_t_is_its_scalar_after_the_prefix_before_t():
+    """response_values (make_experience's values, ppo_update's vpred) at response position t: the
+    value of the state before token t is emitted, the critic's scalar at the last token of
+    prompt + response[:t], from a forward of that prefix alone (no padding). Prompts of 4 lengths
+    (left-padded), a response that ends early, a truncated one."""
+    _, _, critic, _, prompts, q, qm, resp = tiny()
+    assert len({len(p) for p in prompts}) == 4 and EOS not in resp[1] and resp[0, 4] == EOS
+    with torch.no_grad():
+        got = response_values(critic, q, qm, resp)
+        assert got.shape == resp.shape
+        for b, p in enumerate(prompts):
+            for t in range(resp.size(1)):
+                prefix = torch.tensor([p + resp[b, :t].tolist()])
+                torch.testing.assert_close(got[b, t], critic(prefix)[0, -1], atol=1e-5, rtol=1e-5)
 
 
 def test_rolling_reference_penalises_the_kl_to_its_own_reference():

@@ -129,6 +129,25 @@ def test_reward_model_beats_chance(run):
     assert s["acc_gold"] > 0.6 and s["n_val"] >= 100
 
 
+def test_the_reward_model_scores_the_pretrained_samples_with_mean_0_and_std_1(run):
+    """reward.py's gain and bias: every sample of prefs.jsonl, both of each pair (the pretrained
+    policy's, training and held-out pairs alike), scored by reward.pt without padding, has mean 0
+    and sample standard deviation 1 (n - 1, as gold_normaliser's)."""
+    import reward
+    rm, _ = reward.load_scalar_model(os.path.join(run, "reward.pt"))
+    rows = read(run, "prefs.jsonl")
+    samples = [tokens for r in rows for tokens in (r["tokens_a"], r["tokens_b"])]
+    scores = []
+    # One forward per length: the samples of that length stacked, so none is padded.
+    with torch.no_grad():
+        for n in sorted({len(x) for x in samples}):
+            same = torch.tensor([x for x in samples if len(x) == n])
+            scores += rm(same)[:, -1].tolist()
+    assert len(scores) == 2 * len(rows) == 1200
+    assert statistics.mean(scores) == pytest.approx(0.0, abs=1e-4)
+    assert statistics.stdev(scores) == pytest.approx(1.0, abs=1e-4)
+
+
 def test_same_seed_same_numbers(run, tmp_path):
     again, rows = ppo_run(run, tmp_path)
     assert no_time(rows) == no_time(read(run, "metrics.jsonl"))
