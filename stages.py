@@ -16,7 +16,6 @@ import numpy as np
 import torch
 
 import data, dist, store, tokenizer
-from errors import RunError
 from config import WorldConfig, PretrainConfig, check_world, fields
 from errors import RunError
 from evaluate import (best_of_k, evaluate_policy, judge_texts, plot_bestofk, plot_metrics, sample_texts, step0_kl,
