@@ -311,3 +311,11 @@ def test_ppo_s_log_lines_reach_a_pipe_as_they_are_printed(run, tmp_path):
     finally:
         p.kill()
         p.wait()
+
+
+@pytest.mark.parametrize("content", ["[]", "null", '{"config": {}}', '{"config": 1, "inputs": {}, "outputs": {}}'])
+def test_an_ablation_run_with_a_damaged_run_json_is_not_finished(tmp_path, content):
+    """ablate.py asks this of every run folder: a damaged run.json means the run is done again, no traceback."""
+    import ablate
+    (tmp_path / ablate.RECORD).write_text(content)
+    assert ablate.finished(str(tmp_path), {"config": {}, "inputs": {}, "defaults": {}}) is False
