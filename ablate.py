@@ -163,7 +163,7 @@ RECORD = "run.json"     # in each run folder, written last: config, input and ou
 
 def run_record(run_dir, stamp, outputs):
     """A run folder's record: as stages.json's, with the inputs in base's folder (the stamp's hashes)."""
-    rec = store.make_record(run_dir, stamp["config"], [], outputs, stamp["defaults"])
+    rec = store.make_record(run_dir, stamp["config"], [], outputs, stamp["defaults"], stamp["code"])
     rec["inputs"] = stamp["inputs"]
     return rec
 
@@ -190,6 +190,8 @@ def finished(run_dir, stamp):
     except RunError:                                    # a damaged record or output: the run is done again
         return False
     if rec is None or store.damaged_record(rec):
+        return False
+    if store.code_difference(rec, stamp):
         return False
     return store.first_difference(rec, stamp) is None and store.outputs_intact(run_dir, rec, needed)
 

@@ -228,7 +228,8 @@ def bench_bar(grid, argv):
         c.run.fresh = False                                 # --fresh: redo the runs, never the world
         runs.append((opt, lr, n, c))
     world = store.load_records(base).get("world")
-    diff = world and store.first_difference(world, stages.stamp(cfg, stages.BY_NAME["world"]))
+    world_stamp = stages.stamp(cfg, stages.BY_NAME["world"])
+    diff = world and (store.first_difference(world, world_stamp) or store.code_difference(world, world_stamp))
     why = "has none" if not world else f"was made with {diff}" if diff else \
         None if store.outputs_intact(base, world) else "has changed since it was made"
     if why:
@@ -247,8 +248,9 @@ def bench_bar(grid, argv):
                         shutil.copy(os.path.join(base, name), os.path.join(d, name))
                     store.save_json(store.records_path(d), dict(world=world))
                 done = store.load_records(d).get("pretrain")
+                made = stages.stamp(c, stages.BY_NAME["pretrain"])
                 if fresh or not done or not store.outputs_intact(d, done) or \
-                        store.first_difference(done, stages.stamp(c, stages.BY_NAME["pretrain"])):
+                        store.first_difference(done, made) or store.code_difference(done, made):
                     c.run.stage = "pretrain"                # (re)done; a killed run resumes its pretrain_ckpt.pt
                     if fresh:
                         store.remove(os.path.join(d, "pretrain_ckpt.pt"))

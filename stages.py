@@ -10,7 +10,7 @@ made from, which train.py records in stages.json and compares on the next run.
 Lines marked `# torchrun` are the only ones a single process skips past (dist.py).
 Left out: resuming the preferences and reward stages half way.
 """
-import copy, dataclasses, importlib.util, math, os, random, shutil, time
+import ast, copy, dataclasses, importlib.util, math, os, random, shutil, time
 from collections import namedtuple
 import numpy as np
 import torch
@@ -342,27 +342,39 @@ def stage_sample(cfg, stamp):
 
 
 # ---- the stage table: what each stage reads, writes, and which config fields shape its outputs ----
-Stage = namedtuple("Stage", "name fn inputs outputs fields partial")
+Stage = namedtuple("Stage", "name fn inputs outputs fields partial code")
 _names = lambda *groups: [f.name for g in groups for _, f in fields({"g": g})]
 _SAMPLING = ["seed", "temperature", "response_length", "dtype"]
 WORLD = ["world.json", "train.txt", "val.txt", "train.bin", "val.bin", "tokenizer.bpe", "prompts.json"]
 TOK = ["tokenizer.bpe", "prompts.json"]
+# The code each stage runs: project files, and functions of this file ("stages.py:NAME"). A stage is redone when
+# one of them changes (comments, docstrings and layout aside); config.py and store.py only check and store.
+_EVAL = ["evaluate.py", "kl.py", "ref.py", "reward.py", "model.py", "data.py", "tokenizer.py"]
 STAGES = [
-    Stage("world", stage_world, [], WORLD, ["seed"] + _names(WorldConfig), None),
+    Stage("world", stage_world, [], WORLD, ["seed"] + _names(WorldConfig), None,
+          ["data.py", "tokenizer.py", "stages.py:build_world_aside", "stages.py:stage_world"]),
     Stage("pretrain", stage_pretrain, ["train.bin", "val.bin"] + TOK, ["pretrain.pt", "pretrain.json"],
-          _SAMPLING + ["dtype"] + _names(GPTConfig, PretrainConfig), "pretrain_ckpt.pt"),
-    Stage("reference", stage_reference, ["pretrain.pt"], ["ref.pt"], [], None),
-    Stage("preferences", stage_preferences, ["pretrain.pt"] + TOK, ["prefs.jsonl"], _SAMPLING + ["n_pairs"], None),
+          _SAMPLING + ["dtype"] + _names(GPTConfig, PretrainConfig), "pretrain_ckpt.pt",
+          ["model.py", "data.py", "tokenizer.py", "evaluate.py", "dist.py", "stages.py:stage_pretrain",
+           "stages.py:scheduled_lr", "stages.py:pretrain_optimizer"]),
+    Stage("reference", stage_reference, ["pretrain.pt"], ["ref.pt"], [], None,
+          ["model.py", "stages.py:stage_reference"]),
+    Stage("preferences", stage_preferences, ["pretrain.pt"] + TOK, ["prefs.jsonl"], _SAMPLING + ["n_pairs"], None,
+          ["model.py", "reward.py", "data.py", "tokenizer.py", "stages.py:stage_preferences"]),
     Stage("reward", stage_reward, ["pretrain.pt", "prefs.jsonl"], ["reward.pt", "reward.json"],
-          ["seed", "dtype"] + _names(RewardConfig), None),
+          ["seed", "dtype"] + _names(RewardConfig), None,
+          ["model.py", "reward.py", "dist.py", "stages.py:stage_reward"]),
     Stage("ppo", stage_ppo, ["pretrain.pt", "ref.pt", "reward.pt", "train.bin", "prefs.jsonl"] + TOK,  # ptx, gold
           ["actor.pt", "critic.pt", "metrics.jsonl", "ppo.json", "ppo.png"],                  # critic.pt: gae only
-          _SAMPLING + [n for n in _names(KLConfig, PPOConfig, RefConfig) if n != "save_interval"], "ppo_state.pt"),
+          _SAMPLING + [n for n in _names(KLConfig, PPOConfig, RefConfig) if n != "save_interval"], "ppo_state.pt",
+          _EVAL + ["ppo.py", "grpo.py", "dist.py", "stages.py:load_models", "stages.py:run_ppo",
+                   "stages.py:stage_ppo"]),
     Stage("report", stage_report, ["pretrain.pt", "actor.pt", "ref.pt", "reward.pt"] + TOK,
-          ["report.md", "report.json", "bestofk.png"], _SAMPLING + ["n_eval", "bestofk_n", "pass_gold"], None),
+          ["report.md", "report.json", "bestofk.png"], _SAMPLING + ["n_eval", "bestofk_n", "pass_gold"], None,
+          _EVAL + ["stages.py:load_models", "stages.py:stage_report"]),
 ]
-SAMPLE = Stage("sample", stage_sample, ["actor.pt"] + TOK, [], [], None)
-INSPECT = Stage("inspect", stage_inspect, ["pretrain.pt", "ref.pt", "reward.pt"] + TOK, [], [], None)  # inspect.html
+SAMPLE = Stage("sample", stage_sample, ["actor.pt"] + TOK, [], [], None, [])
+INSPECT = Stage("inspect", stage_inspect, ["pretrain.pt", "ref.pt", "reward.pt"] + TOK, [], [], None, [])
 BY_NAME = {s.name: s for s in STAGES + [SAMPLE, INSPECT]}
 
 
@@ -382,13 +394,37 @@ def files(cfg, names):
     return out
 
 
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+_DIGESTS = {}       # (file, its mtime and size, function or "") -> hash: each file parsed once while unchanged
+
+
+def code_of(st, root=ROOT):
+    """{piece: hash} of the code stage `st` runs (its `code` list), read from the project in `root`: a file's
+    parsed tree, or one function's of this file (store.code_digest: comments, docstrings and layout aside)."""
+    out = {}
+    for piece in st.code:
+        name, _, fn = piece.partition(":")
+        p = os.path.join(root, name)
+        key = (p, os.stat(p).st_mtime_ns, os.stat(p).st_size, fn)
+        if key not in _DIGESTS:
+            with open(p) as f:
+                node = ast.parse(f.read())
+            if fn:
+                node = next(n for n in node.body if isinstance(n, ast.FunctionDef) and n.name == fn)
+            _DIGESTS[key] = store.code_digest(node)
+        out[piece] = _DIGESTS[key]
+    return out
+
+
 def stamp(cfg, st):
-    """What a stage's outputs are made from: its config fields and the hashes of its input files."""
+    """What a stage's outputs are made from: its config fields, the hashes of its input files and of its code."""
     groups = {g: type(c) for g, c in vars(cfg).items()}            # train.GROUPS, as parsed
     values = {f.name: getattr(getattr(cfg, g), f.name) for g, f in fields(groups) if f.name in st.fields}
     defaults = {f.name: f.default for g, f in fields(groups) if f.name in st.fields}    # the code's, not a preset's
     return dict(config=values, inputs={n: store.file_hash(path(cfg, n)) for n in files(cfg, st.inputs)},
-                defaults=defaults)
+                defaults=defaults, code=code_of(st))
 
 
 def world_ok(cfg, corpus=True, folder=None):

@@ -8,7 +8,7 @@ current flags and files before any work. `Lock` keeps a second run out of a fold
 A worker process whose parent is gone writes nothing more (`stop_writing_if_orphaned`, used by ablate.py).
 Left out: locking on network file systems, garbage collection of old run folders.
 """
-import contextlib, hashlib, io, json, os, signal, threading
+import ast, contextlib, hashlib, io, json, os, signal, threading
 import torch
 
 from errors import RunError
@@ -132,7 +132,7 @@ def load_torch(path, device="cpu"):
 
 def load_resumable(path, stamp, keys):
     """A checkpoint to go on from: (its contents, None) when `path` holds a dict with every name in `keys` made
-    under `stamp` (the same config and inputs); else (None, why in a few words): missing, damaged (it cannot be
+    under `stamp` (the same config, inputs and code); else (None, why in a few words): missing, damaged (it cannot be
     read, or lacks what the code writes) or made under another stamp. Nothing is deleted here: the stage starts
     over and overwrites it."""
     if not os.path.exists(path):
@@ -144,7 +144,7 @@ def load_resumable(path, stamp, keys):
     if not isinstance(state, dict) or not set(keys) | {"stamp"} <= set(state):
         return None, "damaged: it lacks what the stage writes"
     if state["stamp"] != stamp:
-        return None, "made under another config or inputs"
+        return None, "made under another config, inputs or code"
     return state, None
 
 
@@ -154,6 +154,24 @@ def file_hash(path):
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()[:16]
+
+
+def _drop_docstrings(tree):
+    """The tree without the docstring of its module, classes and functions (a body left empty gets `pass`)."""
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            first = node.body[0] if node.body else None
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
+                    and isinstance(first.value.value, str):
+                node.body = node.body[1:] or [ast.Pass()]
+    return tree
+
+
+def code_digest(tree):
+    """A hash of Python code as the interpreter runs it: the parsed tree without docstrings, so an edit of a
+    comment, a docstring or the layout keeps it, and any other edit changes it. `tree`: ast.parse's, or a node."""
+    text = ast.dump(_drop_docstrings(tree))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def not_a_folder(path):
@@ -242,8 +260,8 @@ def damaged_record(rec):
     for part in ("config", "inputs", "outputs"):
         if not isinstance(rec.get(part), dict):
             return f"no {part}"
-    if not isinstance(rec.get("defaults", {}), dict):
-        return "its defaults are not a mapping"
+    if not isinstance(rec.get("defaults", {}), dict) or not isinstance(rec.get("code", {}), dict):
+        return "its defaults or code are not a mapping"
     if not all(isinstance(h, str) for h in list(rec["inputs"].values()) + list(rec["outputs"].values())):
         return "a hash that is not a string"
     return None
@@ -275,10 +293,10 @@ def load_records(out_dir, notes=None):
     return kept
 
 
-def make_record(out_dir, config, inputs, outputs, defaults=None):
+def make_record(out_dir, config, inputs, outputs, defaults=None, code=None):
     """The record of a finished stage: its config, the hashes of its input and output files and, as the list of
-    fields the code knew, each field's code default. Every output named must exist (a stage that did not make
-    one is not finished: RunError)."""
+    fields the code knew, each field's code default, and the hash of each piece of code it ran. Every output
+    named must exist (a stage that did not make one is not finished: RunError)."""
     missing = [n for n in outputs if not os.path.exists(os.path.join(out_dir, n))]
     if missing:
         raise RunError(f"{', '.join(missing)} was not made in {out_dir}: the stage is not finished", 1)
@@ -286,6 +304,8 @@ def make_record(out_dir, config, inputs, outputs, defaults=None):
                outputs={n: file_hash(os.path.join(out_dir, n)) for n in outputs})
     if defaults is not None:
         rec["defaults"] = defaults
+    if code is not None:
+        rec["code"] = code
     return rec
 
 
@@ -326,7 +346,16 @@ def first_difference(record, stamp):
     return None
 
 
-def plan(stages, target, out_dir, records, stamp_of, outputs_of):
+def code_difference(record, stamp):
+    """The first project file (or function) whose code differs between the record and the stamp, or None. A
+    record made before records held code counts as made by other code."""
+    for n, h in stamp.get("code", {}).items():
+        if record.get("code", {}).get(n) != h:
+            return n
+    return None
+
+
+def plan(stages, target, out_dir, records, stamp_of, outputs_of, say=print):
     """Which stages to run, in order, for `target` ("all" or a stage name); and which finished ones are kept.
     With "all": a stage runs when its outputs (outputs_of(stage), under this config) are missing or damaged, and
     then every later stage runs too. With a name: that stage runs, and every earlier one must be finished. A
@@ -336,6 +365,15 @@ def plan(stages, target, out_dir, records, stamp_of, outputs_of):
     for st in stages:
         rec = records.get(st.name)
         intact = rec is not None and outputs_intact(out_dir, rec, outputs_of(st))
+        # An edit of the code a finished stage ran is never kept silently: with "all", that stage is redone.
+        edited = code_difference(rec, stamp_of(st)) if intact else None
+        if edited and target == "all":
+            if not todo:
+                say(f"---- stage {st.name}: its code changed since it was made ({edited}): redone ----")
+            intact = False
+        elif edited and target != st.name:
+            raise RunError(f"stage {st.name} in {out_dir} was made by other code ({edited} changed since): "
+                           f"python train.py redoes it and what follows (or --stage={st.name})")
         # Once one stage runs, every later one is made again.
         if target == st.name or (target == "all" and (todo or not intact)):
             todo.append(st)

@@ -139,7 +139,7 @@ def run_stages(cfg, upto=None):
         if st.outputs:
             s = stamp(cfg, st)
             records[st.name] = store.make_record(out, s["config"], files(cfg, st.inputs), files(cfg, st.outputs),
-                                                 s["defaults"])
+                                                 s["defaults"], s["code"])
             store.save_json(store.records_path(out), records)
             timings[st.name] = round(time.time() - t, 1)
             store.save_json(path(cfg, "timings.json"), timings)
