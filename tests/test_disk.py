@@ -201,7 +201,7 @@ def test_load_resumable_says_why_it_does_not_resume(tmp_path):
     p, stamp = str(tmp_path / "s.pt"), {"config": {"a": 1}}
     assert store.load_resumable(p, stamp, ["iter"]) == (None, "missing")
     torch.save({"stamp": {"config": {"a": 2}}, "iter": 3}, p)
-    assert store.load_resumable(p, stamp, ["iter"])[1] == "made under another config or inputs"
+    assert store.load_resumable(p, stamp, ["iter"])[1] == "made under another config, inputs or code"
     torch.save({"stamp": stamp}, p)
     assert "damaged" in store.load_resumable(p, stamp, ["iter"])[1]
     torch.save({"stamp": stamp, "iter": 3}, p)
