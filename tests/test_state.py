@@ -104,9 +104,9 @@ def test_redoing_a_stage_removes_what_was_made_from_it(run, tmp_path, capsys):
 
 def test_a_damaged_output_is_redone_with_the_same_numbers(run, tmp_path):
     out = copy_run(run, tmp_path)
-    with open(os.path.join(out, "prefs.jsonl")) as f:
+    with open(os.path.join(out, "metrics.jsonl")) as f:
         lines = f.readlines()
-    with open(os.path.join(out, "prefs.jsonl"), "w") as f:                       # cut at a line boundary
+    with open(os.path.join(out, "metrics.jsonl"), "w") as f:                     # cut at a line boundary
         f.writelines(lines[:len(lines) // 2])
     train.main(SMOKE + [f"--out_dir={out}"])
     assert numbers(out) == numbers(run)
