@@ -31,7 +31,8 @@ import data, stages, store, tokenizer, train
 from config import check_once, override
 from errors import RunError, die
 from evaluate import best_of_k, evaluate_policy, plot_bestofk, sample_texts
-from model import autocast, load_checkpoint
+from precision import autocast
+from state import load_checkpoint
 from tables import (DEFAULT_CONDITION, beta_table, bestofk_cells, bestofk_curves, bestofk_table, plot, ref_table,
                     summarise, verifiable_columns)
 
@@ -242,9 +243,9 @@ def baseline_row(cfg, base, seed):
     stages.seed_everything(seed + 1)
     heldout = data.load_prompts(base)["heldout"]
     with autocast(run.device, run.dtype):                           # in the runs' precision
-        final, _ = evaluate_policy(actor, enc, heldout, run, ref, rm, cfg.ppo.n_eval)
+        final, _ = evaluate_policy(actor, enc, heldout, run, ref, rm, cfg.eval.n_eval)
         stages.seed_everything(seed + 2)                            # as run_ppo samples each actor's best-of-k
-        b = best_of_k(actor, enc, heldout, run, cfg.ppo.bestofk_n, cfg.ppo.pass_gold, cfg.ppo.n_eval)
+        b = best_of_k(actor, enc, heldout, run, cfg.eval.bestofk_n, cfg.eval.pass_gold, cfg.eval.n_eval)
     return dict(condition="pretrained", seed=seed, **final, kl_coef_final=None, seconds=0.0, entropy=float("nan"),
                 s_per_iter=0.0, critic_mb=0.0, **bestofk_cells(b))
 
@@ -342,7 +343,7 @@ def ablate(opts, rest):
                 store.write_text(os.path.join(adir, "results_ref.md"), ref_report)
         plot(rows, adir, order, run_dir)
         if gold:                                                      # pretrained against each actor
-            plot_bestofk(bestofk_curves(rows, order, cfg.ppo.pass_gold, ks), os.path.join(adir, "bestofk.png"))
+            plot_bestofk(bestofk_curves(rows, order, cfg.eval.pass_gold, ks), os.path.join(adir, "bestofk.png"))
         write_examples(cfg, base, adir, order, seed0)
         print(table)
 

@@ -30,14 +30,18 @@ import dataclasses, math, os, shutil, statistics, sys, time
 import torch
 
 import data, stages, store, tokenizer, train
-from config import auto_dtype, check_once, override
+from cheap_ref import KINDS, make_reference, memory_bytes
+from config import check_once, override
 from errors import RunError, die
 from evaluate import step0_kl
 from kl import KLConfig
-from model import GPT, GPTConfig, StepGuard, adamw, autocast, load_checkpoint
-from ppo import PPOConfig, make_experience, make_optimizers, minibatches, ppo_update
-from ref import KINDS, Reference, make_reference, memory_bytes
+from model import GPT, GPTConfig
+from optim import StepGuard, adamw, make_optimizers
+from ppo import PPOConfig, make_experience, minibatches, ppo_update
+from precision import auto_dtype, autocast, cast_once
+from ref import Reference
 from reward import ScalarModel
+from state import load_checkpoint
 
 ANCHOR = GPTConfig(block_size=64, vocab_size=1024, n_layer=4, n_head=4, n_embd=128)
 B, TP, R, EPOCHS, MINIBATCH = 64, 16, 32, 4, 16
@@ -90,7 +94,8 @@ def ppo_anchor(device, dtype="fp32"):
     state = {}
 
     def generate():
-        with autocast(device, dtype):                                  # as train.py holds it around a stage
+        # As train.py holds it around a stage, and as ppo.rollout casts each weight once.
+        with autocast(device, dtype), cast_once(actor):
             state["resp"] = actor.generate(q, R, 1.0, eos=None, mask=qm)[0]
 
     def experience():
@@ -185,7 +190,7 @@ def bench_refs(argv):
         mem = memory_bytes(actor, ref)
         stages.seed_everything(run.seed + 1)
         kl = step0_kl(load_checkpoint(os.path.join(base, "pretrain.pt"), run.device)[0], ref, enc, heldout, run, rm,
-                      cfg.ppo.n_eval)
+                      cfg.eval.n_eval)
         print(f"| {kind} | {mem['ref']:,} | {mem['trainable']:,} | {kl:.4f} |", flush=True)
 
 

@@ -60,30 +60,6 @@ class WorldConfig:
                          choices=["bpe", "gpt2"])
 
 
-@dataclass
-class PretrainConfig:
-    max_iters: int = arg(900, ">0")
-    batch_size: int = arg(32, ">0")
-    lr: float = arg(4e-3, ">0", "peak learning rate (warmup, then cosine to min_lr)")
-    min_lr: float = arg(4e-4, ">=0", "the cosine's floor (--optimizer=muon: Muon's floor is muon_lr x min_lr / lr)")
-    warmup_iters: int = arg(50, ">=0")
-    weight_decay: float = arg(0.1, ">=0", "AdamW's decoupled weight decay (on every parameter AdamW trains)")
-    optimizer: str = arg("adamw", help="adamw: AdamW on every parameter; muon: Muon on the blocks' 2-D weight "
-                         "matrices, AdamW (--lr, --weight_decay) on the rest (stages.pretrain_optimizer)",
-                         choices=["adamw", "muon"])
-    muon_lr: float = arg(0.02, ">0", "--optimizer=muon: Muon's peak lr (Keller Jordan's 0.02; the update is scaled "
-                         "by sqrt(max(1, rows/cols)) per matrix), on the same warmup + cosine as --lr")
-    muon_momentum: float = arg(0.95, "[0,1)", "--optimizer=muon: Muon's Nesterov momentum")
-    muon_weight_decay: float = arg(0.01, ">=0", "--optimizer=muon: Muon's decoupled weight decay (a step shrinks "
-                                   "by muon lr x this; Keller Jordan's example uses 0.01)")
-    grad_clip: float = arg(1.0, ">0")
-    eval_interval: int = arg(100, ">0", "iterations between validation losses and resumable checkpoints")
-    eval_iters: int = arg(10, ">0", "validation batches per estimate")
-    n_samples: int = arg(200, "[1,100000]", "samples for the well-formed rate and gold score")
-    compile: bool = arg(False, help="torch.compile the model for pretraining (fixed shapes: it pays there; PPO's "
-                        "shapes change every step, so the other stages run eagerly)")
-
-
 PRESETS = {"default": {},
            "smoke": dict(n_reviews=3000, vocab_size=300, n_layer=2, n_embd=64, n_head=2, block_size=96,
                          max_iters=150, batch_size=32, warmup_iters=10, eval_interval=50, eval_iters=2, n_samples=16,
@@ -204,21 +180,6 @@ def check(cfg):
     if run.device == "cuda" and not torch.cuda.is_available():
         die("--device=cuda but torch sees no CUDA device here (use --device=cpu or auto)")
     run.device = run.device if run.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
-    run.dtype = run.dtype if run.dtype != "auto" else auto_dtype(run.device)[0]     # the stamps hold what runs
-
-
-def auto_dtype(device):
-    """--dtype=auto on `device` (cpu or cuda): (bf16 or fp32, why). bf16 where the hardware multiplies bf16
-    natively: a CUDA device with bf16 units (not emulated), a CPU with AVX512-BF16 or AMX-BF16 (x86) or BF16
-    (ARM); elsewhere bf16 matmuls are emulated, slower than fp32."""
-    import torch
-    if device.startswith("cuda"):
-        ok = torch.cuda.is_bf16_supported(including_emulation=False)
-        return ("bf16", "the CUDA device has bf16 units") if ok else ("fp32", "the CUDA device emulates bf16")
-    caps = torch.cpu.get_capabilities()
-    found = [k for k in ("avx512_bf16", "amx_bf16", "bf16", "sve_bf16") if caps.get(k)]
-    return ("bf16", f"the CPU has {', '.join(found)}") if found else \
-        ("fp32", "the CPU has no native bf16 instructions (avx512_bf16, amx_bf16, bf16)")
 
 
 def check_world(cfg, enc, prompts, split_tokens):

@@ -11,14 +11,27 @@ gold score among k of them and pass@k, a pass being a well-formed response with 
 unbiased estimators over the n samples (Chen et al. 2021): every k-subset of the n counted.
 Left out: confidence intervals, per-token views.
 """
+from dataclasses import dataclass
 import math, os
 import numpy as np
 import torch
 
 import data, store
+from config import arg
 from kl import kl_full
-from model import encode_prompts, join_tokens, response_logits, response_mask, token_logprobs
+from model import response_logits, token_logprobs
+from precision import cast_once
 from reward import score as reward_score
+from sequences import encode_prompts, join_tokens, response_mask
+
+
+@dataclass
+class EvalConfig:
+    n_eval: int = arg(200, "[1,100000]", "held-out samples in the final evaluation")
+    bestofk_n: int = arg(16, "[1,100000]", "best-of-k, pass@k: samples per held-out prompt "
+                         "(n_eval in all, at least one prompt's)")
+    pass_gold: float = arg(1.25, help="pass@k: a pass is a well-formed response with gold above "
+                           "this")
 
 REPORT_COLUMNS = ["gold_mean", "gold_std", "proxy_mean", "kl", "wellformed_rate", "distinct_2", "repetition_rate",
                   "ref_ppl", "eos_rate", "response_length"]
@@ -37,7 +50,10 @@ def sample_texts(model, enc, prompts, run, batch=100):
     out = []
     for i in range(0, len(prompts), batch):
         q, qm = (x.to(run.device) for x in encode_prompts(enc, prompts[i:i + batch]))
-        resp, _ = model.generate(q, run.response_length, run.temperature, eos=enc.eot_token, mask=qm)
+        # bf16: each weight cast once for the whole sampling, not once per token.
+        with cast_once(model):
+            resp, _ = model.generate(q, run.response_length, run.temperature, eos=enc.eot_token,
+                                     mask=qm)
         out += decode_responses(enc, resp)
     return out
 
@@ -60,7 +76,9 @@ def evaluate_policy(model, enc, prompts, run, ref, rm, n, batch=100):
     kl, nll, ntok, proxy, texts, eos = [], 0.0, 0, [], [], []
     for i in range(0, n, batch):
         q, qm = (x.to(run.device) for x in encode_prompts(enc, prompts[i:i + batch]))       # (b, Tp)
-        resp, _ = model.generate(q, run.response_length, run.temperature, eos=enc.eot_token, mask=qm)  # (b, R)
+        with cast_once(model):
+            resp, _ = model.generate(q, run.response_length, run.temperature,
+                                     eos=enc.eot_token, mask=qm)  # (b, R)
         m = response_mask(resp, enc.eot_token)                                                # (b, R)
         logits = response_logits(model, q, qm, resp, run.temperature)                        # (b, R, V)
         ref_logits = ref.logits(q, qm, resp, run.temperature)                                 # (b, R, V)

@@ -27,10 +27,13 @@ import data, store, tokenizer
 from config import arg
 from errors import RunError
 from kl import kl_full
-from model import encode_prompts, load_checkpoint, response_logits, response_mask, token_logprobs, join_tokens
+from model import response_logits, token_logprobs
 from ppo import make_experience
+from precision import cast_once
 from ref import Reference
 from reward import gold_scores, load_scalar_model, score as reward_score
+from sequences import encode_prompts, join_tokens, response_mask
+from state import load_checkpoint
 
 
 @dataclass
@@ -170,7 +173,9 @@ def stage_inspect(cfg, stamp):
                                (f"RLHF actor ({actor_path})", actor, actor_path)):
         torch.manual_seed(run.seed + 2)                                 # the same sampling noise for both
         q, qm = (x.to(run.device) for x in encode_prompts(enc, prompts))
-        resp, _ = model.eval().generate(q, run.response_length, run.temperature, eos=enc.eot_token, mask=qm)
+        with cast_once(model.eval()):
+            resp, _ = model.generate(q, run.response_length, run.temperature, eos=enc.eot_token,
+                                     mask=qm)
         mask = response_mask(resp, enc.eot_token)
         proxy = reward_score(rm, join_tokens(q, qm, resp, mask), enc.eot_token).tolist()
         for i, p in enumerate(prompts):

@@ -17,10 +17,12 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from config import arg
-from model import (GPT, GPTConfig, StepGuard, adamw, encode_prompts, join_tokens, pad_left, response_hidden,
-                   response_mask)
 import data, dist, store
+from config import arg
+from model import GPT, GPTConfig, response_hidden
+from optim import StepGuard, adamw
+from precision import cast_once
+from sequences import encode_prompts, join_tokens, pad_left, response_mask
 
 
 @dataclass
@@ -45,8 +47,10 @@ def make_preferences(model, enc, prompts, n_pairs, run, batch=500):
     for i in range(0, n_pairs, batch):
         twice = [p for p in chosen[i:i + batch] for _ in range(2)]                   # two samples per prompt
         q, qm = encode_prompts(enc, twice)
-        resp, _ = model.generate(q.to(run.device), run.response_length, run.temperature, eos=enc.eot_token,
-                                 mask=qm.to(run.device))
+        # bf16: each weight cast once for the whole sampling, not once per token.
+        with cast_once(model):
+            resp, _ = model.generate(q.to(run.device), run.response_length, run.temperature,
+                                     eos=enc.eot_token, mask=qm.to(run.device))
         resp = resp.cpu()
         m = response_mask(resp, enc.eot_token)
         toks, texts = join_tokens(q, qm, resp, m), [enc.decode(r[k].tolist()) for r, k in zip(resp, m)]
@@ -147,7 +151,7 @@ def train_reward_model(lm, pairs, cfg, pad_id, seed=0, log=print):
             mb = [tr[j] for j in batches[b][dist.rank()::dist.world()]]        # torchrun: this rank's share
             r = score(rm, [p["chosen"] for p in mb] + [p["rejected"] for p in mb], pad_id)   # (2b,)
             loss = bt_loss(r[:len(mb)], r[len(mb):])
-            guard.step(loss, opt, list(rm.parameters()), 1.0)
+            guard.backward_and_step(loss, opt, list(rm.parameters()), 1.0)
             sched.step()
             losses.append(loss.item())
         log(f"reward model epoch {epoch + 1}/{cfg.rm_epochs}: bt loss {np.mean(losses):.3f}")

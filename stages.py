@@ -10,29 +10,34 @@ made from, which train.py records in stages.json and compares on the next run.
 Lines marked `# torchrun` are the only ones a single process skips past (dist.py).
 Left out: resuming the preferences and reward stages half way.
 """
-import ast, copy, dataclasses, importlib.util, math, os, random, shutil, time
+import ast, copy, importlib.util, os, random, shutil
 from collections import namedtuple
 import numpy as np
 import torch
 
-import data, dist, store, tokenizer
-from config import WorldConfig, PretrainConfig, check_world, fields
+import cheap_ref, data, dist, store, tokenizer
+from anchors import AnchorConfig
+from cheap_ref import RefConfig
+from config import WorldConfig, check_world, fields
 from errors import RunError
-from evaluate import (best_of_k, evaluate_policy, judge_texts, plot_bestofk, plot_metrics, sample_texts, step0_kl,
-                      write_report)
+from evaluate import (EvalConfig, best_of_k, evaluate_policy, judge_texts, plot_bestofk,
+                      plot_metrics, sample_texts, step0_kl, write_report)
 from inspect_page import stage_inspect
 from kl import KLConfig
-from model import (GPT, GPTConfig, Optimizers, StepGuard, adamw, hidden_matrices, load_checkpoint, rng_states,
-                   save_checkpoint, set_rng_states)
+from model import GPTConfig
 from ppo import PPOConfig, say, train_ppo
-import ref as refs
-from ref import Reference, RefConfig
-from reward import (RewardConfig, gold_normaliser, load_scalar_model, make_preferences, save_scalar_model,
-                    train_reward_model)
+from pretrain import PretrainConfig, fmt_time, train_gpt
+from ref import Reference
+from reward import (RewardConfig, gold_normaliser, load_scalar_model, make_preferences,
+                    save_scalar_model, train_reward_model)
+from rollback import RollbackConfig
+from state import load_checkpoint, save_checkpoint
 
 
 def seed_everything(seed):
-    random.seed(seed); np.random.seed(seed); torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
 
 
 def path(cfg, name):
@@ -85,118 +90,33 @@ def stage_world(cfg, stamp):
     shutil.rmtree(aside)
 
 
-# ---- stage: pretrain ----
-# What pretrain_ckpt.pt holds besides its stamp.
-PRETRAIN_STATE = ["iter", "model", "opt", "gen", "rng", "log", "seconds", "skipped"]
-
-
+# ---- stage: pretrain (the loop is pretrain.train_gpt) ----
 def stage_pretrain(cfg, stamp):
     run, pt = cfg.run, cfg.pretrain
     enc = tokenizer.load_tokenizer(run.out_dir, cfg.world.tokenizer)
-    gcfg = dataclasses.replace(cfg.gpt, vocab_size=enc.n_vocab)
-    splits = {k: np.memmap(path(cfg, f"{k}.bin"), dtype=np.uint16, mode="r") for k in ("train", "val")}
-    gen = torch.Generator().manual_seed(run.seed + 1000003 * dist.rank())     # torchrun: each rank its own windows
-    batch_size = pt.batch_size // dist.world()                                 # torchrun: each rank its share
-
-    def get_batch(split):                                   # random windows of block_size + 1 tokens
-        return data.windows(splits[split], batch_size, gcfg.block_size, gen, run.device)   # (B, T), (B, T)
-
-    @torch.no_grad()
-    def val_loss():
-        model.eval()
-        loss = float(np.mean([model(*get_batch("val"))[1].item() for _ in range(pt.eval_iters)]))
-        model.train()
-        return dist.all_reduce(loss, "mean")                # torchrun: over every rank's batches
-
-    model = GPT(gcfg).to(run.device)                        # the same on every rank: one seed
-    dist.seed_rank(run.seed)                                # torchrun: then each rank its own dropout
-    fwd = torch.compile(model) if pt.compile else model     # fixed shapes: compiled once
-    opt = pretrain_optimizer(model, pt)
-    guard, start, log, seconds = StepGuard("pretraining"), 0, [], 0.0
-    ckpt_path = path(cfg, "pretrain_ckpt.pt")
-    # Same config and inputs: go on where it stopped (on the CPU: RNG states must stay there).
-    s, why = store.load_resumable(ckpt_path, stamp, PRETRAIN_STATE)
-    if s is not None:
-        model.load_state_dict(s["model"])
-        opt.load_state_dict(s["opt"])
-        gen.set_state(dist.mine(s["gen"], ckpt_path))
-        set_rng_states(dist.mine(s["rng"], ckpt_path))
-        start, log, seconds, guard.skipped = s["iter"], s["log"], s["seconds"], s["skipped"]
-        print(f"pretrain: resuming from {ckpt_path} after iteration {start}")
-    elif why != "missing":
-        print(f"pretrain: {ckpt_path} is {why}; starting over")
-    print(f"pretrain: {model.num_params() / 1e6:.2f}M parameters, {pt.max_iters} iters of "
-          f"{pt.batch_size}x{gcfg.block_size} tokens")
-    model.train()
-    t0 = time.time() - seconds
-    for it in range(start, pt.max_iters):
-        lr = scheduled_lr(it, pt, pt.lr, pt.min_lr)            # AdamW's (the one logged)
-        for g in opt.param_groups:                          # every group on the same schedule, from its own peak
-            g["lr"] = scheduled_lr(it, pt, g["peak_lr"], g["min_lr"])
-        _, loss = fwd(*get_batch("train"))
-        guard.step(loss, opt, list(model.parameters()), pt.grad_clip)
-        if (it + 1) % pt.eval_interval == 0 or it + 1 == pt.max_iters:
-            log.append(dict(iter=it + 1, loss=dist.all_reduce(loss.item(), "mean"), val_loss=val_loss(), lr=lr))
-            dt = time.time() - t0
-            print(f"iter {it + 1}/{pt.max_iters} | loss {log[-1]['loss']:.3f} | val {log[-1]['val_loss']:.3f} | "
-                  f"lr {lr:.1e} | {(it + 1 - start) * pt.batch_size * gcfg.block_size / (dt - seconds) / 1e3:.1f}k "
-                  f"tok/s | eta {fmt_time((dt - seconds) / (it + 1 - start) * (pt.max_iters - it - 1))}", flush=True)
-            states = dist.gather_objects((gen.get_state(), rng_states()))    # torchrun: every rank's streams
-            if dist.is_main():
-                store.save_torch(dict(stamp=stamp, iter=it + 1, model=model.state_dict(), opt=opt.state_dict(),
-                                      gen=dist.unzip(states, 0), rng=dist.unzip(states, 1), log=log, seconds=dt,
-                                      skipped=guard.skipped), ckpt_path)
-    seconds = time.time() - t0
-    if not dist.is_main():                                  # torchrun: rank 0 saves, samples and reports
+    bins = {k: path(cfg, f"{k}.bin") for k in ("train", "val")}
+    model, log, seconds, skipped = train_gpt(cfg, stamp, enc.n_vocab, bins,
+                                             path(cfg, "pretrain_ckpt.pt"))
+    # torchrun: rank 0 saves, samples and reports.
+    if not dist.is_main():
         return
     model.eval()
-    save_checkpoint(model, path(cfg, "pretrain.pt"))        # saved before anything samples from it
+    # Saved before anything samples from it.
+    save_checkpoint(model, path(cfg, "pretrain.pt"))
     seed_everything(run.seed + 1)
     heldout = data.load_prompts(run.out_dir)["heldout"]
     prompts = [heldout[i % len(heldout)] for i in range(pt.n_samples)]
     texts = sample_texts(model, enc, prompts, run)
     stats, _ = judge_texts(prompts, texts)
-    out = dict(val_loss=log[-1]["val_loss"], **stats, seconds=seconds, skipped_updates=guard.skipped,
-               tokens_per_second=pt.max_iters * pt.batch_size * gcfg.block_size / seconds, log=log)
+    tokens = pt.max_iters * pt.batch_size * cfg.gpt.block_size
+    out = dict(val_loss=log[-1]["val_loss"], **stats, seconds=seconds, skipped_updates=skipped,
+               tokens_per_second=tokens / seconds, log=log)
     store.save_json(path(cfg, "pretrain.json"), out)
     for p, r in list(zip(prompts, texts))[:3]:
         print(f"  [{data.gold_score(p, r):+.2f}] {p.strip()} | {r}")
-    print(f"pretrain: val loss {out['val_loss']:.3f}, well-formed {out['wellformed_rate']:.0%} of {pt.n_samples}, "
-          f"gold {out['gold_mean']:+.2f} ± {out['gold_std']:.2f}, {fmt_time(seconds)}")
-
-
-def scheduled_lr(it, pt, peak, floor):
-    """Iteration it's learning rate: linear warmup to `peak`, then a cosine down to `floor` at max_iters."""
-    if it < pt.warmup_iters:
-        return peak * (it + 1) / pt.warmup_iters
-    return floor + 0.5 * (peak - floor) * (1 + math.cos(math.pi * (it - pt.warmup_iters) /
-                                                        max(1, pt.max_iters - pt.warmup_iters)))
-
-
-def pretrain_optimizer(model, pt):
-    """--optimizer=adamw: AdamW on every parameter. muon: Muon on the blocks' 2-D matrices (model.hidden_matrices,
-    as Muon's authors prescribe) and AdamW, as with adamw, on the rest (embeddings, the tied output layer, LayerNorm
-    gains, biases). Muon's own lr (--muon_lr, Keller Jordan's 0.02 with torch's "original" per-shape scaling
-    sqrt(max(1, rows/cols))), so the AdamW part keeps the lr tuned for it. Each group carries its peak and floor lr
-    (peak_lr, min_lr) for the schedule: Muon's floor is in the same ratio to its peak as AdamW's."""
-    if pt.optimizer == "adamw":
-        opt = adamw(model.parameters(), pt.lr, betas=(0.9, 0.95), weight_decay=pt.weight_decay)
-        peaks = [(pt.lr, pt.min_lr)]
-    else:
-        hidden = hidden_matrices(model)
-        mine = {id(p) for p in hidden}
-        rest = [p for p in model.parameters() if id(p) not in mine]    # parameters(): the tied matrix once
-        opt = Optimizers(torch.optim.Muon(hidden, lr=pt.muon_lr, momentum=pt.muon_momentum, nesterov=True,
-                                          weight_decay=pt.muon_weight_decay, adjust_lr_fn="original"),
-                         adamw(rest, pt.lr, betas=(0.9, 0.95), weight_decay=pt.weight_decay))
-        peaks = [(pt.muon_lr, pt.muon_lr * pt.min_lr / pt.lr), (pt.lr, pt.min_lr)]
-    for g, (peak, floor) in zip(opt.param_groups, peaks, strict=True):
-        g["peak_lr"], g["min_lr"] = peak, floor
-    return opt
-
-
-def fmt_time(s):
-    return f"{int(s // 60)}m{int(s % 60):02d}s"
+    print(f"pretrain: val loss {out['val_loss']:.3f}, well-formed {out['wellformed_rate']:.0%} "
+          f"of {pt.n_samples}, gold {out['gold_mean']:+.2f} ± {out['gold_std']:.2f}, "
+          f"{fmt_time(seconds)}")
 
 
 # ---- stage: reference ----
@@ -260,37 +180,37 @@ def run_ppo(cfg, base, run_dir, stamp, log=say):
     enc = tokenizer.load_tokenizer(base, cfg.world.tokenizer)
     prompts = data.load_prompts(base)
     actor, ref, rm = load_models(base, run.device)
-    actor, ref = refs.make_reference(actor, ref.model, cfg.ref)      # --ref=full: the same two models
-    memory = refs.memory_bytes(actor, ref)
+    actor, ref = cheap_ref.make_reference(actor, ref.model, cfg.ref)      # --ref=full: the same two models
+    memory = cheap_ref.memory_bytes(actor, ref)
     critic = copy.deepcopy(rm).requires_grad_(True) if cfg.ppo.advantage == "gae" else None   # starts as the rm
     gold_norm = gold_normaliser(store.load_json(os.path.join(base, "prefs.jsonl"), lines=True))   # pretrained samples
     metrics, beta = train_ppo(actor, critic, ref, rm, enc, prompts["train"], cfg, run_dir, stamp, log, gold_norm)
     if not dist.is_main():                                           # torchrun: rank 0 evaluates and writes
         return None
-    save_checkpoint(refs.plain_actor(actor), os.path.join(run_dir, "actor.pt"))    # lora: adapters merged
+    save_checkpoint(cheap_ref.plain_actor(actor), os.path.join(run_dir, "actor.pt"))    # lora: adapters merged
     store.remove(os.path.join(run_dir, "critic.pt"))                 # grpo, rloo: none (and no stale one)
     if critic is not None:
         save_scalar_model(critic, os.path.join(run_dir, "critic.pt"))    # the inspect page's per-token advantages
     full_ref = Reference(load_checkpoint(os.path.join(base, "ref.pt"), run.device)[0])
-    unchanged = refs.unchanged(ref, full_ref.model, cfg.ref)
+    unchanged = cheap_ref.unchanged(ref, full_ref.model, cfg.ref)
     seed_everything(run.seed + 1)
-    final, _ = evaluate_policy(actor, enc, prompts["heldout"], run, full_ref, rm, cfg.ppo.n_eval)  # KL to full ref
+    final, _ = evaluate_policy(actor, enc, prompts["heldout"], run, full_ref, rm, cfg.eval.n_eval)  # KL to full ref
     summary = dict(final=final, reference_unchanged=unchanged, kl_coef_final=beta, stamp=stamp,
                    skipped_updates=metrics[-1]["policy/skipped_updates"], seconds=metrics[-1]["time/elapsed"])
     seed_everything(run.seed + 2)                                   # n samples per held-out prompt
-    summary.update(bestofk=best_of_k(actor, enc, prompts["heldout"], run, cfg.ppo.bestofk_n, cfg.ppo.pass_gold,
-                                     cfg.ppo.n_eval),
+    summary.update(bestofk=best_of_k(actor, enc, prompts["heldout"], run, cfg.eval.bestofk_n, cfg.eval.pass_gold,
+                                     cfg.eval.n_eval),
                    gold_norm=dict(mean=gold_norm[0], std=gold_norm[1]),
                    entropy=float(np.mean([r["objective/entropy"] for r in metrics[-10:]])),    # the last 10 iters
                    critic_bytes=0 if critic is None else 16 * sum(p.numel() for p in critic.parameters()))
     own, step0 = final["kl"], 0.0                                   # full: the same model; exact: 0 at step 0,
     if cfg.ref.ref != "full":                                        # checked at the first rollout
         seed_everything(run.seed + 1)                               # the same samples, scored by the run's ref
-        own = evaluate_policy(actor, enc, prompts["heldout"], run, ref, rm, cfg.ppo.n_eval)[0]["kl"]
+        own = evaluate_policy(actor, enc, prompts["heldout"], run, ref, rm, cfg.eval.n_eval)[0]["kl"]
     if not ref.exact:
         seed_everything(run.seed + 1)
         step0 = step0_kl(load_checkpoint(os.path.join(base, "pretrain.pt"), run.device)[0], ref, enc,
-                              prompts["heldout"], run, rm, cfg.ppo.n_eval)
+                              prompts["heldout"], run, rm, cfg.eval.n_eval)
     summary["ref"] = dict(kind=cfg.ref.ref, bytes=memory["ref"], actor_bytes=memory["actor"],
                           trainable_bytes=memory["trainable"], kl_step0=step0, kl_own_ref=own,
                           seconds_per_iter=metrics[-1]["time/elapsed"] / len(metrics),
@@ -321,13 +241,13 @@ def stage_report(cfg, stamp):
     res, samples = {}, {}
     for name, model in (("pretrained", pre), ("rlhf", rlhf)):
         seed_everything(run.seed + 1)                                 # same prompts, same sampling noise
-        res[name], samples[name] = evaluate_policy(model, enc, heldout, run, ref, rm, cfg.ppo.n_eval)
+        res[name], samples[name] = evaluate_policy(model, enc, heldout, run, ref, rm, cfg.eval.n_eval)
         seed_everything(run.seed + 2)
-        res[name]["bestofk"] = best_of_k(model, enc, heldout, run, cfg.ppo.bestofk_n, cfg.ppo.pass_gold,
-                                         cfg.ppo.n_eval)
+        res[name]["bestofk"] = best_of_k(model, enc, heldout, run, cfg.eval.bestofk_n, cfg.eval.pass_gold,
+                                         cfg.eval.n_eval)
     plot_bestofk({name: r["bestofk"] for name, r in res.items()}, path(cfg, "bestofk.png"))
     timings = load_timings(cfg)
-    print(write_report(path(cfg, "report.md"), res, samples, cfg.ppo.n_eval, run.temperature, timings))
+    print(write_report(path(cfg, "report.md"), res, samples, cfg.eval.n_eval, run.temperature, timings))
     store.save_json(path(cfg, "report.json"), dict(res, seconds=timings))
 
 
@@ -343,34 +263,47 @@ def stage_sample(cfg, stamp):
 
 # ---- the stage table: what each stage reads, writes, and which config fields shape its outputs ----
 Stage = namedtuple("Stage", "name fn inputs outputs fields partial code")
-_names = lambda *groups: [f.name for g in groups for _, f in fields({"g": g})]
+def _names(*groups):
+    return [f.name for g in groups for _, f in fields({"g": g})]
+
+
+
 _SAMPLING = ["seed", "temperature", "response_length", "dtype"]
 WORLD = ["world.json", "train.txt", "val.txt", "train.bin", "val.bin", "tokenizer.bpe", "prompts.json"]
 TOK = ["tokenizer.bpe", "prompts.json"]
-# The code each stage runs: project files, and functions of this file ("stages.py:NAME"). A stage is redone when
-# one of them changes (comments, docstrings and layout aside); config.py and store.py only check and store.
-_EVAL = ["evaluate.py", "kl.py", "ref.py", "reward.py", "model.py", "data.py", "tokenizer.py"]
+# The code each stage runs: project files, and functions of this file ("stages.py:NAME"). A stage
+# is redone when one of them changes (comments, docstrings and layout aside); config.py and
+# store.py only check and store, train.py only drives.
+_EVAL = ["evaluate.py", "kl.py", "ref.py", "reward.py", "model.py", "sequences.py", "precision.py",
+         "state.py", "data.py", "tokenizer.py"]
+_PPO = ["ppo.py", "grpo.py", "optim.py", "anchors.py", "rollback.py", "cheap_ref.py", "dist.py"]
+_PRETRAIN = ["model.py", "optim.py", "pretrain.py", "state.py", "precision.py", "sequences.py",
+             "data.py", "tokenizer.py", "evaluate.py", "dist.py"]
+_PPO_FIELDS = _names(KLConfig, PPOConfig, RefConfig, AnchorConfig, RollbackConfig, EvalConfig)
 STAGES = [
     Stage("world", stage_world, [], WORLD, ["seed"] + _names(WorldConfig), None,
           ["data.py", "tokenizer.py", "stages.py:build_world_aside", "stages.py:stage_world"]),
-    Stage("pretrain", stage_pretrain, ["train.bin", "val.bin"] + TOK, ["pretrain.pt", "pretrain.json"],
-          _SAMPLING + ["dtype"] + _names(GPTConfig, PretrainConfig), "pretrain_ckpt.pt",
-          ["model.py", "data.py", "tokenizer.py", "evaluate.py", "dist.py", "stages.py:stage_pretrain",
-           "stages.py:scheduled_lr", "stages.py:pretrain_optimizer"]),
+    Stage("pretrain", stage_pretrain, ["train.bin", "val.bin"] + TOK,
+          ["pretrain.pt", "pretrain.json"], _SAMPLING + _names(GPTConfig, PretrainConfig),
+          "pretrain_ckpt.pt", _PRETRAIN + ["stages.py:stage_pretrain"]),
     Stage("reference", stage_reference, ["pretrain.pt"], ["ref.pt"], [], None,
-          ["model.py", "stages.py:stage_reference"]),
-    Stage("preferences", stage_preferences, ["pretrain.pt"] + TOK, ["prefs.jsonl"], _SAMPLING + ["n_pairs"], None,
-          ["model.py", "reward.py", "data.py", "tokenizer.py", "stages.py:stage_preferences"]),
+          ["model.py", "state.py", "stages.py:stage_reference"]),
+    Stage("preferences", stage_preferences, ["pretrain.pt"] + TOK, ["prefs.jsonl"],
+          _SAMPLING + ["n_pairs"], None,
+          ["model.py", "reward.py", "sequences.py", "precision.py", "state.py", "data.py",
+           "tokenizer.py", "stages.py:stage_preferences"]),
     Stage("reward", stage_reward, ["pretrain.pt", "prefs.jsonl"], ["reward.pt", "reward.json"],
           ["seed", "dtype"] + _names(RewardConfig), None,
-          ["model.py", "reward.py", "dist.py", "stages.py:stage_reward"]),
-    Stage("ppo", stage_ppo, ["pretrain.pt", "ref.pt", "reward.pt", "train.bin", "prefs.jsonl"] + TOK,  # ptx, gold
-          ["actor.pt", "critic.pt", "metrics.jsonl", "ppo.json", "ppo.png"],                  # critic.pt: gae only
-          _SAMPLING + [n for n in _names(KLConfig, PPOConfig, RefConfig) if n != "save_interval"], "ppo_state.pt",
-          _EVAL + ["ppo.py", "grpo.py", "dist.py", "stages.py:load_models", "stages.py:run_ppo",
-                   "stages.py:stage_ppo"]),
+          ["model.py", "reward.py", "optim.py", "sequences.py", "precision.py", "state.py",
+           "dist.py", "stages.py:stage_reward"]),
+    # train.bin: ptx's windows; prefs.jsonl: the gold scores' normaliser. critic.pt: gae only.
+    Stage("ppo", stage_ppo,
+          ["pretrain.pt", "ref.pt", "reward.pt", "train.bin", "prefs.jsonl"] + TOK,
+          ["actor.pt", "critic.pt", "metrics.jsonl", "ppo.json", "ppo.png"],
+          _SAMPLING + [n for n in _PPO_FIELDS if n != "save_interval"], "ppo_state.pt",
+          _EVAL + _PPO + ["stages.py:load_models", "stages.py:run_ppo", "stages.py:stage_ppo"]),
     Stage("report", stage_report, ["pretrain.pt", "actor.pt", "ref.pt", "reward.pt"] + TOK,
-          ["report.md", "report.json", "bestofk.png"], _SAMPLING + ["n_eval", "bestofk_n", "pass_gold"], None,
+          ["report.md", "report.json", "bestofk.png"], _SAMPLING + _names(EvalConfig), None,
           _EVAL + ["stages.py:load_models", "stages.py:stage_report"]),
 ]
 SAMPLE = Stage("sample", stage_sample, ["actor.pt"] + TOK, [], [], None, [])

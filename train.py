@@ -21,21 +21,26 @@ Left out: resuming the preferences and reward stages half way.
 import dataclasses, os, sys, time
 import torch
 
-import dist, grpo, kl, store, tokenizer
-import ref as refs
-from config import RunConfig, WorldConfig, PretrainConfig, check, die, parse_args
+import anchors, cheap_ref, dist, grpo, kl, rollback, store, tokenizer
+from anchors import AnchorConfig
+from cheap_ref import RefConfig
+from config import RunConfig, WorldConfig, check, die, parse_args
 from errors import RunError
+from evaluate import EvalConfig
 from inspect_page import InspectConfig
 from kl import KLConfig
-from model import GPTConfig, autocast
+from model import GPTConfig
 from ppo import PPOConfig
-from ref import RefConfig
+from precision import auto_dtype, autocast
+from pretrain import PretrainConfig
 from reward import RewardConfig
+from rollback import RollbackConfig
 from stages import (BY_NAME, INSPECT, SAMPLE, STAGES, build_world_aside, files, load_timings, path, seed_everything,
                     stamp, world_ok)
 
-GROUPS = dict(run=RunConfig, world=WorldConfig, gpt=GPTConfig, pretrain=PretrainConfig, reward=RewardConfig,
-              kl=KLConfig, ppo=PPOConfig, ref=RefConfig, inspect=InspectConfig)
+GROUPS = dict(run=RunConfig, world=WorldConfig, gpt=GPTConfig, pretrain=PretrainConfig,
+              reward=RewardConfig, kl=KLConfig, ppo=PPOConfig, ref=RefConfig, anchor=AnchorConfig,
+              rollback=RollbackConfig, eval=EvalConfig, inspect=InspectConfig)
 
 
 def parse(argv):
@@ -48,10 +53,14 @@ def parse(argv):
     r, p = cfg.reward, cfg.ppo
     why = dist.check_divisible(dict(batch_size=cfg.pretrain.batch_size, rm_batch_size=r.rm_batch_size,
                                     rollout_batch=p.rollout_batch, minibatch_size=p.minibatch_size)) \
-        or refs.check(cfg) or kl.check(cfg) or grpo.check(cfg) \
+        or cheap_ref.check(cfg) or anchors.check(cfg) or rollback.check(cfg) or kl.check(cfg) \
+        or grpo.check(cfg) \
         or (cfg.world.tokenizer == "gpt2" and tokenizer.gpt2_missing())
     if why:
         die(why)
+    # --dtype=auto: what this device multiplies natively (the stamps hold what runs).
+    if cfg.run.dtype == "auto":
+        cfg.run.dtype = auto_dtype(cfg.run.device)[0]
     return cfg
 
 
@@ -178,6 +187,9 @@ def main(argv):
             return run_stages(cfg)
     except RunError as e:
         die(str(e), e.code)                              # torchrun: one line, from rank 0 (errors.die)
+    except FloatingPointError as e:
+        # model.generate met logits that are not finite: the run itself failed.
+        die(str(e), 1)
     except KeyboardInterrupt:
         die("interrupted; what was saved is kept, and the same command goes on from there", 130)
     finally:

@@ -6,7 +6,7 @@ import pytest
 import torch
 import ppo, stages, store, train
 from kl import KLConfig
-from model import StepGuard
+from optim import StepGuard
 from test_ppo import EOS, tiny
 
 

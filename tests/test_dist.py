@@ -10,12 +10,16 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-import data, dist, ppo, stages, store, train
-from config import PretrainConfig, override
+import data, dist, optim, ppo, stages, store, train
+from config import override
+from pretrain import PretrainConfig
 from conftest import recording_controller
 from errors import RunError
 from kl import KLConfig
-from model import GPT, GPTConfig, StepGuard, adamw, autocast, pad_left
+from model import GPT, GPTConfig
+from optim import adamw, StepGuard
+from precision import autocast
+from sequences import pad_left
 from ref import Reference
 from reward import ScalarModel
 
@@ -69,14 +73,14 @@ KL_CFG = KLConfig(kl_in="loss", kl_estimator="k3")
 
 def pretrain_step(x, y, optimizer="adamw"):
     """Two steps of the pretraining loop's step (forward, StepGuard: sync, clip, AdamW; or --optimizer=muon's Muon
-    and AdamW, from stages.pretrain_optimizer) on this process's rows."""
+    and AdamW, from optim.pretrain_optimizer) on this process's rows."""
     torch.manual_seed(3)
     model = GPT(GPTConfig(block_size=16, vocab_size=50, n_layer=2, n_head=2, n_embd=32))
     opt, guard = adamw(model.parameters(), 1e-2, weight_decay=0.1), StepGuard("test")
     if optimizer == "muon":
-        opt = stages.pretrain_optimizer(model, PretrainConfig(optimizer="muon", lr=1e-2, muon_lr=0.05))
+        opt = optim.pretrain_optimizer(model, PretrainConfig(optimizer="muon", lr=1e-2, muon_lr=0.05))
     for _ in range(2):
-        guard.step(model(x, y)[1], opt, list(model.parameters()), 0.3)      # a clip that binds
+        guard.backward_and_step(model(x, y)[1], opt, list(model.parameters()), 0.3)      # a clip that binds
     return model.state_dict()
 
 
@@ -85,7 +89,7 @@ def ppo_iteration(rows, minibatch_size):
     actor, ref, critic, rm = models()
     q, qm, resp = (t[rows] for t in rollout())
     batch, _ = ppo.make_experience(actor, critic, ref, ref, rm, q, qm, resp, EOS, 0.2, KL_CFG, PPO_CFG, 0.8)
-    opts = ppo.make_optimizers(actor, critic, PPO_CFG)
+    opts = optim.make_optimizers(actor, critic, PPO_CFG)
     cfg = ppo.PPOConfig(**{**PPO_CFG.__dict__, "minibatch_size": minibatch_size})
     ppo.ppo_update(actor, critic, opts, (StepGuard("actor"), StepGuard("critic")), batch, cfg, 0.8, 0.2, KL_CFG)
     return dict(actor=actor.state_dict(), critic=critic.state_dict(), advantages=batch["advantages"])

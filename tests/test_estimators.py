@@ -13,7 +13,8 @@ import itertools
 import pytest
 import torch
 from kl import kl_full, per_token_kl, shaped_rewards
-from model import response_mask, token_logprobs
+from model import token_logprobs
+from sequences import response_mask
 from ppo import compute_gae
 
 V, EOS = 3, 2

@@ -7,11 +7,13 @@ import torch
 from errors import RunError
 from evaluate import best_of_k, expected_best, pass_at_k
 from kl import KLConfig
-from model import GPT, GPTConfig, StepGuard, pad_left
+from model import GPT, GPTConfig
+from optim import StepGuard
+from sequences import pad_left
 from ref import Reference
 from reward import ScalarModel
 from tokenizer import make_encoding
-import data, grpo, ppo, store, train
+import data, grpo, optim, ppo, store, train
 from tests.test_dist import Letters                  # a stand-in tokenizer: letters a.. as ids 1.., end-of-text 0
 
 EOS = 3
@@ -109,7 +111,7 @@ def test_ppo_update_without_a_critic_trains_the_actor_alone():
     actor, ref, rm, q, qm, resp = tiny()
     cfg = ppo.PPOConfig(advantage="grpo", group_size=4, ppo_epochs=2, minibatch_size=4)
     batch, _ = ppo.make_experience(actor, None, ref, ref, rm, q, qm, resp, EOS, 0.3, KLConfig(), cfg, 0.7)
-    opts = ppo.make_optimizers(actor, None, cfg)
+    opts = optim.make_optimizers(actor, None, cfg)
     assert len(opts) == 1 and sum(len(g["params"]) for g in opts[0].param_groups) == len(list(actor.parameters()))
     before = copy.deepcopy(actor)
     torch.manual_seed(3)
@@ -138,18 +140,18 @@ def test_train_ppo_without_a_critic_samples_groups_and_saves_no_critic(tmp_path,
     cfg = train.parse(["--preset=smoke", "--ppo_iters=2", "--rollout_batch=8", "--minibatch_size=4", "--device=cpu",
                        "--response_length=6", "--advantage=grpo", "--group_size=4", "--kl_in=loss",
                        "--kl_estimator=k3", "--reward=gold"])
-    seen, opts_made, make, make_opts = [], [], ppo.make_experience, ppo.make_optimizers
-    monkeypatch.setattr(ppo, "make_experience", lambda *a: seen.append(a) or make(*a))
-    monkeypatch.setattr(ppo, "make_optimizers", lambda *a: opts_made.append(make_opts(*a)) or opts_made[-1])
+    seen, opts_made, make, make_opts = [], [], ppo.make_experience, optim.make_optimizers
+    monkeypatch.setattr(ppo, "make_experience", lambda **kw: seen.append(kw) or make(**kw))
+    monkeypatch.setattr(optim, "make_optimizers", lambda *a: opts_made.append(make_opts(*a)) or opts_made[-1])
     rows, _ = ppo.train_ppo(actor, None, Reference(ref_model), rm, Letters(), ["abc", "de", "fghij", "k"], cfg,
                             str(tmp_path), dict(test=1), log=lambda s: None, gold_norm=(-4.0, 2.0))
     assert len(rows) == 2 and rows[0]["objective/kl"] == 0 and rows[0]["loss/value_avg"] == 0
     for a in seen:
-        critic, q = a[1], a[6]
+        critic, q = a["critic"], a["query"]
         assert critic is None
         for g in range(0, 8, 4):                                          # 4 consecutive rows: one prompt
             assert all(torch.equal(q[g], q[g + i]) for i in range(4))
-        assert a[-1] == (-4.0, 2.0) and a[-2].shape == (8,)               # the gold scores, and their normaliser
+        assert a["gold_norm"] == (-4.0, 2.0) and a["gold"].shape == (8,)               # the gold scores, and their normaliser
     (opts,) = opts_made
     assert len(opts) == 1 and {id(p) for g in opts[0].param_groups for p in g["params"]} == \
         {id(p) for p in actor.parameters()}

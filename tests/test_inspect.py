@@ -5,7 +5,9 @@ from html.parser import HTMLParser
 import torch
 import store, tokenizer, train
 from kl import kl_full
-from model import encode_prompts, join_tokens, load_checkpoint, response_logits, response_mask, token_logprobs
+from model import response_logits, token_logprobs
+from sequences import encode_prompts, join_tokens, response_mask
+from state import load_checkpoint
 from reward import load_scalar_model, response_values, score
 
 VOID = {"meta", "br"}

@@ -2,8 +2,9 @@
 import torch
 from torch.nn import functional as F
 import pytest
-from model import (GPT, GPTConfig, pad_left, response_logits, response_mask, save_checkpoint, load_checkpoint,
-                   token_logprobs)
+from model import GPT, GPTConfig, response_logits, token_logprobs
+from sequences import pad_left, response_mask
+from state import load_checkpoint, save_checkpoint
 
 CFG = GPTConfig(block_size=48, vocab_size=61, n_layer=2, n_head=4, n_embd=32)
 

@@ -4,7 +4,9 @@ import copy
 import pytest
 import torch
 from torch.nn import functional as F
-from model import GPT, GPTConfig, StepGuard, pad_left, response_logits, response_mask, token_logprobs
+from model import GPT, GPTConfig, response_logits, token_logprobs
+from optim import StepGuard
+from sequences import pad_left, response_mask
 from reward import ScalarModel, response_values
 from ref import Reference
 from kl import KLConfig, kl_full
@@ -275,13 +277,13 @@ def test_a_non_finite_loss_skips_the_step_and_several_stop_the_run():
     model = torch.nn.Linear(2, 1)
     opt, guard = torch.optim.SGD(model.parameters(), lr=0.1), StepGuard("test")
     before = [p.clone() for p in model.parameters()]
-    assert not guard.step(model(torch.tensor([[float("nan"), 1.0]])).sum(), opt, list(model.parameters()), 1.0)
+    assert not guard.backward_and_step(model(torch.tensor([[float("nan"), 1.0]])).sum(), opt, list(model.parameters()), 1.0)
     assert guard.skipped == 1 and all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
-    assert guard.step(model(torch.ones(1, 2)).sum(), opt, list(model.parameters()), 1.0)
+    assert guard.backward_and_step(model(torch.ones(1, 2)).sum(), opt, list(model.parameters()), 1.0)
     from errors import RunError
     with pytest.raises(RunError, match="diverged"):
         for _ in range(10):
-            guard.step(torch.tensor(float("inf"), requires_grad=True), opt, list(model.parameters()), 1.0)
+            guard.backward_and_step(torch.tensor(float("inf"), requires_grad=True), opt, list(model.parameters()), 1.0)
 
 
 def test_entropy_bonus_raises_the_entropy():

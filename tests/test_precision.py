@@ -2,14 +2,19 @@
 stale copy, a frozen reference cast once (bit for bit autocast's own cast), the exact start of PPO (KL 0, ratio 1)
 under bf16, and auto resolved before anything is stamped. The bf16 casts are counted with a dispatch mode."""
 import copy
+from types import SimpleNamespace
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-import ppo
-from config import auto_dtype
+import anchors, optim, ppo
+from precision import auto_dtype
 from kl import KLConfig
-from model import GPT, GPTConfig, StepGuard, autocast, cast_once, pad_left, response_logits
-from ref import RefConfig, Reference, make_reference
+from model import GPT, GPTConfig, response_logits
+from optim import StepGuard
+from precision import autocast, cast_once
+from sequences import pad_left
+from cheap_ref import make_reference, RefConfig
+from ref import Reference
 from reward import ScalarModel, response_values
 
 EOS = 49
@@ -50,11 +55,22 @@ def linear_weights(model):
     return [(n, p) for n, p in model.named_parameters() if p.dim() == 2 and "wpe" not in n]   # wte: the lm_head
 
 
-def test_generate_casts_each_weight_once_not_once_per_token():
+class Tokens:
+    """A stand-in tokenizer for ppo.rollout: end-of-text is EOS, other ids decode as letters."""
+    eot_token = EOS
+
+    def decode(self, ids):
+        return "".join(chr(97 + i % 26) for i in ids)
+
+
+def test_a_rollout_casts_each_weight_once_not_once_per_token():
+    """ppo.rollout, as PPO samples: generate inside one cast_once window."""
     actor, _, _, q, qm, _ = models()
+    run = SimpleNamespace(response_length=10, temperature=0.7)
     with autocast("cpu", "bf16"), CountCasts(actor.named_parameters()) as c:
-        resp, _ = actor.generate(q, 10, temperature=0.7, mask=qm)
-    assert resp.shape == (4, 10)                                       # 10 forwards (prefill + 9 tokens)
+        resp, _ = ppo.rollout(actor, Tokens(), ["a"] * 4, q, qm, run)
+    # Several forwards (prefill + one per token after the first), so once per forward would show.
+    assert resp.shape[1] > 2
     assert {n: c.counts[n] for n, _ in linear_weights(actor)} == {n: 1 for n, _ in linear_weights(actor)}
     assert c.counts["wpe.weight"] == 0 and all(c.counts[n] == 0 for n in c.counts if "ln_" in n)   # left in fp32
 
@@ -79,7 +95,7 @@ def test_each_ppo_step_casts_each_weight_once_and_reads_the_weights_of_the_step_
         batch, _ = ppo.make_experience(actor, critic, ref, ref, rm, q, qm, resp, EOS, 0.1, KLConfig(), cfg, 0.7)
         monkeypatch.setattr(ppo, "response_logits", recording(response_logits))
         monkeypatch.setattr(ppo, "response_values", recording(response_values))
-        opts = ppo.make_optimizers(actor, critic, cfg)
+        opts = optim.make_optimizers(actor, critic, cfg)
         with CountCasts(linear_weights(actor)) as c:
             ppo.ppo_update(actor, critic, opts, (StepGuard("a"), StepGuard("c")), batch, cfg, 0.7,
                            ptx_batch=lambda: (x, x))
@@ -103,7 +119,7 @@ def test_a_bf16_forward_after_an_optimizer_step_reads_the_new_weights():
     with autocast("cpu", "bf16"):
         for _ in range(2):
             _, loss = m(x, x)
-            StepGuard("pretraining").step(loss, opt, list(m.parameters()), 1.0)
+            StepGuard("pretraining").backward_and_step(loss, opt, list(m.parameters()), 1.0)
         after = m(x)[0]
         assert torch.equal(after, copy.deepcopy(m)(x)[0])
 
@@ -138,7 +154,7 @@ def test_the_reference_s_bf16_copy_gives_autocast_s_own_numbers_bit_for_bit(kind
             p.add_(0.05 * torch.randn_like(p))
     other = make_reference(copy.deepcopy(moved), copy.deepcopy(moved), RefConfig(ref=kind))[1].model.state_dict()
     lins = [(n, m) for n, m in ref.model.named_modules() if isinstance(m, torch.nn.Linear)]   # int8: lm_head alone
-    for change in (lambda: None, lambda: ref.mix(moved, 0.5), lambda: ref.model.load_state_dict(other)):
+    for change in (lambda: None, lambda: anchors.mix(ref, moved, 0.5), lambda: ref.model.load_state_dict(other)):
         change()
         with autocast("cpu", "bf16"):
             got = ref.logits(q, qm, resp, 0.7)

@@ -1,5 +1,5 @@
 """Pretraining's --optimizer=muon: which parameters Muon trains (the blocks' Linear weights, found by walking the
-modules, against what stages.pretrain_optimizer gives it), the warmup + cosine schedule on every group, a smoke
+modules, against what optim.pretrain_optimizer gives it), the warmup + cosine schedule on every group, a smoke
 pretraining that learns (and, at this budget, faster than AdamW), a kill and resume that ends bit for bit as the
 uninterrupted run, the flag's bad values and stale stages refused; and bench.py --bar, whose rows are those runs.
 The runs go through train.main on one smoke world (--stage=world, then --stage=pretrain), 60 iterations."""
@@ -8,9 +8,12 @@ import pytest
 import torch
 import torch.nn as nn
 
-import stages, store, train
-from config import PretrainConfig, override
-from model import GPT, GPTConfig, Optimizers
+import optim, stages, store, train
+from config import override
+import pretrain as pretrain_loop
+from pretrain import PretrainConfig
+from model import GPT, GPTConfig
+from optim import Optimizers
 
 SMOKE = ["--preset=smoke", "--max_iters=60", "--eval_interval=15", "--warmup_iters=8", "--muon_lr=0.03",
          "--muon_momentum=0.9"]
@@ -33,8 +36,8 @@ def world_copy(world, out):
 
 
 def recording(lrs):
-    """stages.pretrain_optimizer, with each step's learning rates (one per group) appended to lrs first."""
-    make = stages.pretrain_optimizer
+    """optim.pretrain_optimizer, with each step's learning rates (one per group) appended to lrs first."""
+    make = optim.pretrain_optimizer
 
     def made(model, pt):
         opt = make(model, pt)
@@ -49,7 +52,7 @@ def pretrain(world, out, argv, lrs=None):
     out = world_copy(world, out)
     with pytest.MonkeyPatch.context() as mp:
         if lrs is not None:
-            mp.setattr(stages, "pretrain_optimizer", recording(lrs))
+            mp.setattr(optim, "pretrain_optimizer", recording(lrs))
         train.main(argv + [f"--out_dir={out}", "--stage=pretrain"])
     return store.load_json(os.path.join(out, "pretrain.json")), torch.load(os.path.join(out, "pretrain.pt"),
                                                                            weights_only=True)["model"]
@@ -66,7 +69,7 @@ def muon(world, tmp_path_factory):
 def test_muon_trains_exactly_the_blocks_linear_weights_and_adamw_the_rest(bias):
     model = GPT(GPTConfig(block_size=16, vocab_size=40, n_layer=3, n_head=2, n_embd=16, bias=bias))
     pt = PretrainConfig(optimizer="muon", lr=3e-3, muon_lr=0.05)
-    opt = stages.pretrain_optimizer(model, pt)
+    opt = optim.pretrain_optimizer(model, pt)
     assert isinstance(opt, Optimizers) and [type(o) for o in opt.opts] == [torch.optim.Muon, torch.optim.AdamW]
     held = [[p for g in o.param_groups for p in g["params"]] for o in opt.opts]
     linear = {id(m.weight) for b in model.blocks for m in b.modules() if isinstance(m, nn.Linear)}
@@ -78,7 +81,7 @@ def test_muon_trains_exactly_the_blocks_linear_weights_and_adamw_the_rest(bias):
     assert any(p is model.wpe.weight for p in held[1])
     assert [(g["peak_lr"], g["min_lr"]) for g in opt.param_groups] == [(0.05, 0.05 * pt.min_lr / 3e-3),
                                                                          (3e-3, pt.min_lr)]
-    plain = stages.pretrain_optimizer(model, dataclasses.replace(pt, optimizer="adamw"))
+    plain = optim.pretrain_optimizer(model, dataclasses.replace(pt, optimizer="adamw"))
     assert isinstance(plain, torch.optim.AdamW) and {id(p) for g in plain.param_groups for p in g["params"]} \
         == everything
 
@@ -113,7 +116,7 @@ def test_a_muon_pretraining_killed_and_resumed_ends_bit_for_bit_as_never_interru
         if args and str(args[0]).startswith("iter 45/"):
             raise KeyboardInterrupt                                     # what Ctrl-C raises
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(stages, "print", print_then_stop, raising=False)
+        mp.setattr(pretrain_loop, "print", print_then_stop, raising=False)
         with pytest.raises(SystemExit) as e:
             train.main(MUON + [f"--out_dir={out}", "--stage=pretrain"])
     assert e.value.code == 130 and not os.path.exists(os.path.join(out, "pretrain.json"))

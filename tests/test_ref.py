@@ -7,8 +7,11 @@ import copy, os, statistics
 import pytest
 import torch
 import data, ppo, store, tokenizer, train
-import ref as refs
-from model import encode_prompts, load_checkpoint, response_logits
+import anchors, cheap_ref, optim, rollback
+from ref import Reference
+from model import response_logits
+from sequences import encode_prompts
+from state import load_checkpoint
 from kl import FixedKLController, kl_full
 from errors import RunError
 from tests.test_dist import Letters, models
@@ -20,8 +23,8 @@ def test_int8_error_is_at_most_half_a_step_per_block():
     w = torch.randn(37, 29) * torch.rand(37, 1) * 3                 # rows of different scales; 1073 = 33·32 + 17
     w[5, 3] = 40.0                                                  # an outlier: only its own block pays for it
     block = 32
-    codes, absmax = refs.quantize(w, "int8", block)
-    back = refs.dequantize(codes, absmax, "int8", block, w.shape)
+    codes, absmax = cheap_ref.quantize(w, "int8", block)
+    back = cheap_ref.dequantize(codes, absmax, "int8", block, w.shape)
     flat, err = w.reshape(-1), (back - w).abs().reshape(-1)
     assert codes.dtype == torch.int8 and codes.numel() == 34 * block and back.shape == w.shape
     for b in range(34):                                             # block by block, the slow way
@@ -32,7 +35,7 @@ def test_int8_error_is_at_most_half_a_step_per_block():
 
 
 def test_nf4_levels_are_normal_quantiles_and_error_is_at_most_half_the_largest_gap():
-    levels = refs.nf4_levels()
+    levels = cheap_ref.nf4_levels()
     nd, p = statistics.NormalDist(), 1 - 0.5 * (1 / 30 + 1 / 32)
     pos = [nd.inv_cdf(p + (0.5 - p) * i / 8) for i in range(8)]      # linspace(p, ½, 9)[:-1]
     neg = [-nd.inv_cdf(p + (0.5 - p) * i / 7) for i in range(7)]     # linspace(p, ½, 8)[:-1], mirrored
@@ -41,8 +44,8 @@ def test_nf4_levels_are_normal_quantiles_and_error_is_at_most_half_the_largest_g
     assert len(set(levels.tolist())) == 16 and levels[0] == -1 and levels[-1] == 1 and 0.0 in levels.tolist()
     torch.manual_seed(1)
     w, block = torch.randn(45, 7), 16                               # 315 weights: the last block and byte padded
-    codes, absmax = refs.quantize(w, "nf4", block)
-    back = refs.dequantize(codes, absmax, "nf4", block, w.shape)
+    codes, absmax = cheap_ref.quantize(w, "nf4", block)
+    back = cheap_ref.dequantize(codes, absmax, "nf4", block, w.shape)
     assert codes.dtype == torch.uint8 and codes.numel() == 20 * block // 2     # two codes per byte
     half_gap = (levels[1:] - levels[:-1]).max() / 2
     flat, err = w.reshape(-1), (back - w).abs().reshape(-1)
@@ -73,7 +76,7 @@ def cfg_for(kind, *flags):
 def test_cheap_reference_logits_are_close_to_the_full_ones_on_real_samples(run, kind, tol, kl_tol):
     pre, ref_model, q, qm, resp = real_batch(run)
     full = response_logits(pre, q, qm, resp, 0.7)                                          # (B, R, V)
-    actor, ref = refs.make_reference(pre, ref_model, cfg_for(kind, "--quant_block=32"))
+    actor, ref = cheap_ref.make_reference(pre, ref_model, cfg_for(kind, "--quant_block=32"))
     assert actor is pre and not ref.exact
     cheap = ref.logits(q, qm, resp, 0.7)
     assert cheap.dtype == torch.float32                              # the KL is taken in fp32
@@ -85,8 +88,8 @@ def test_cheap_reference_logits_are_close_to_the_full_ones_on_real_samples(run, 
         for b, qb in zip(plain.blocks, ref.model.blocks):
             for lin, ql in [(b.attn.c_attn, qb.attn.c_attn), (b.attn.c_proj, qb.attn.c_proj), (b.mlp[0], qb.mlp[0]),
                             (b.mlp[2], qb.mlp[2])]:
-                assert isinstance(ql, refs.QuantLinear)
-                lin.weight.data = refs.dequantize(ql.codes, ql.absmax, kind, 32, lin.weight.shape)
+                assert isinstance(ql, cheap_ref.QuantLinear)
+                lin.weight.data = cheap_ref.dequantize(ql.codes, ql.absmax, kind, 32, lin.weight.shape)
         torch.testing.assert_close(cheap, response_logits(plain, q, qm, resp, 0.7), atol=1e-5, rtol=1e-5)
 
 
@@ -101,23 +104,23 @@ def test_bytes_held_by_each_reference_by_hand(run):
                   nf4=4 * (n - n_lin) + n_lin // 2 + 4 * n_lin // 64 + 4 * 16 * len(lin), lora=0, shared_1=4 * top)
     train_n = dict(lora=lora, shared_1=top)
     for kind, b in expect.items():
-        actor, r = refs.make_reference(copy.deepcopy(pre), load_checkpoint(os.path.join(run, "ref.pt"))[0],
+        actor, r = cheap_ref.make_reference(copy.deepcopy(pre), load_checkpoint(os.path.join(run, "ref.pt"))[0],
                                        cfg_for(kind))
-        mem = refs.memory_bytes(actor, r)
+        mem = cheap_ref.memory_bytes(actor, r)
         assert mem["ref"] == b, kind
         assert mem["trainable"] == 16 * train_n.get(kind, n), kind
 
 
 def capture(monkeypatch):
     """The (actor, reference) pairs run_ppo builds, then the (actor's, critic's) optimizers train_ppo makes."""
-    made, make, make_opts = [], refs.make_reference, ppo.make_optimizers
+    made, make, make_opts = [], cheap_ref.make_reference, optim.make_optimizers
 
     def recording(*a):
         actor, ref = make(*a)
         made.append((actor, ref))
         return actor, ref
-    monkeypatch.setattr(refs, "make_reference", recording)
-    monkeypatch.setattr(ppo, "make_optimizers", lambda *a: made.append(make_opts(*a)) or made[-1])
+    monkeypatch.setattr(cheap_ref, "make_reference", recording)
+    monkeypatch.setattr(optim, "make_optimizers", lambda *a: made.append(make_opts(*a)) or made[-1])
     return made
 
 
@@ -136,7 +139,7 @@ def test_lora_reference_is_the_pretrained_model_bit_for_bit_before_and_after_ppo
     assert trained and all("lora_" in n for n in trained)            # only the adapters are trained
     adapters = {id(p) for n, p in actor.named_parameters() if "lora_" in n}
     assert {id(p) for g in made[1][0].param_groups for p in g["params"]} == adapters    # ... and in the optimizer
-    assert all(m.lora_A.shape[0] == 4 and m.scale == 8 for m in actor.modules() if isinstance(m, refs.LoRALinear))
+    assert all(m.lora_A.shape[0] == 4 and m.scale == 8 for m in actor.modules() if isinstance(m, cheap_ref.LoRALinear))
     merged, _ = load_checkpoint(os.path.join(tmp_path, "actor.pt"))  # actor.pt: a plain GPT, adapters merged
     torch.testing.assert_close(response_logits(merged, q, qm, resp, 1.0), response_logits(actor, q, qm, resp, 1.0),
                                atol=1e-4, rtol=1e-4)
@@ -200,7 +203,7 @@ def excursion(run, tmp_path_factory):
     assert k[1] < k[2]
     kl_max = (k[1] + k[2]) / 2                                       # iteration 3's rollout is above, 2's below
     good = state_after(run, out / "good", 1, *FLAGS)                 # the state iteration 2 started from
-    restored, restore = [], refs.Rollback.restore
+    restored, restore = [], rollback.Rollback.restore
 
     def recording(self, actor, critic, opts, kl_ctl, anchor=None):
         out = restore(self, actor, critic, opts, kl_ctl, anchor)
@@ -208,7 +211,7 @@ def excursion(run, tmp_path_factory):
                                        kl_ctl.value)))
         return out
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(refs.Rollback, "restore", recording)
+        m.setattr(rollback.Rollback, "restore", recording)
         flags = [*FLAGS, f"--kl_max={kl_max}", "--rollback_beta_factor=3"]
         summary, rows = ppo_run(run, out / "guarded", *flags)
     return dict(k=k, kl_max=kl_max, good=good, restored=restored, summary=summary, rows=rows, flags=flags, out=out)
@@ -233,12 +236,14 @@ def test_restores_in_a_row_to_one_state_keep_raising_beta():
     # again (factor², then factor³), or the run would return to the same β for ever.
     actor, critic = torch.nn.Linear(2, 2), torch.nn.Linear(2, 1)
     opts = [torch.optim.AdamW(actor.parameters()), torch.optim.AdamW(critic.parameters())]
-    kl_ctl, rb = FixedKLController(0.01), refs.Rollback(refs.RefConfig(rollback_beta_factor=2.0))
-    rb.keep(actor, critic, opts, kl_ctl)
+    kl_ctl = FixedKLController(0.01)
+    rb = rollback.Rollback(rollback.RollbackConfig(rollback_beta_factor=2.0))
+    anchor = anchors.Anchor(None, anchors.AnchorConfig())
+    rb.keep_if_under(0.0, actor, critic, opts, kl_ctl, anchor)
     betas = []
     for _ in range(3):
         kl_ctl.value = 0.5                                           # whatever the controller did since
-        rb.restore(actor, critic, opts, kl_ctl)
+        rb.restore(actor, critic, opts, kl_ctl, anchor)
         betas.append(kl_ctl.value)
     assert betas == pytest.approx([0.02, 0.04, 0.08]) and rb.count == 3
 
@@ -258,13 +263,14 @@ def tiny_loop(out, *flags, exact=True, inflate=()):
     excursion). Returns (rows of metrics.jsonl, per call: actor state, penalty anchor state, rollout KL)."""
     moved, ref, critic, rm = models()
     actor = moved if not exact else copy.deepcopy(ref.model).requires_grad_(True)
-    ref = refs.Reference(ref.model, exact=exact, copy=False)
+    ref = Reference(ref.model, exact=exact, copy=False)
     cfg = train.parse(["--preset=smoke", "--ppo_iters=4", "--rollout_batch=8", "--minibatch_size=4",
                        "--response_length=8", "--kl_ctl=fixed", "--init_kl_coef=0.01", "--device=cpu", *flags])
     calls, make = [], ppo.make_experience
 
-    def recording(actor, critic, ref, pen_ref, *a):
-        batch, info = make(actor, critic, ref, pen_ref, *a)
+    def recording(**kw):
+        batch, info = make(**kw)
+        actor, pen_ref = kw["actor"], kw["pen_ref"]
         if len(calls) in inflate:
             info = dict(info, kl_exact=info["kl_exact"] + 100)
         calls.append(copy.deepcopy((actor.state_dict(), pen_ref.model.state_dict(), info["kl_exact"].mean().item())))

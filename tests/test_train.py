@@ -209,7 +209,8 @@ def test_a_seed_numpy_refuses_and_a_temperature_that_overflows_are_refused(flag,
 def test_at_the_temperature_floor_sampling_and_log_probs_stay_finite_and_agree():
     """Logits of ±100 (beyond what the smoke model reaches) at T = 0.01 in fp32: the sampled tokens' log-probs are
     finite and the training path (response_logits) gives the ones generate sampled with, to 1e-3 nats."""
-    from model import GPT, GPTConfig, pad_left, response_logits, token_logprobs
+    from model import GPT, GPTConfig, response_logits, token_logprobs
+    from sequences import pad_left
     T = 0.01
     train.parse(["--preset=smoke", f"--temperature={T}"])
     torch.manual_seed(0)
@@ -250,7 +251,7 @@ def test_an_fp16_reference_under_bf16_autocast_runs_ppo(run, tmp_path):
     """--ref=fp16 --dtype=bf16: the PPO stage as train.py runs it (inside bf16 autocast). The fp16 copy computes in
     fp16 (no mixed-dtype LayerNorm); its step-0 KL is small but not 0, and the final KL (to the full ref.pt weights,
     run under the same bf16 autocast as the actor) is finite."""
-    from model import autocast
+    from precision import autocast
     cfg = train.parse(["--preset=smoke", f"--out_dir={run}", "--dtype=bf16", "--ref=fp16", "--ppo_iters=1"])
     stages.seed_everything(cfg.run.seed)
     with autocast(cfg.run.device, cfg.run.dtype):
@@ -261,8 +262,10 @@ def test_an_fp16_reference_under_bf16_autocast_runs_ppo(run, tmp_path):
 def test_a_half_precision_reference_computes_in_its_own_precision_under_bf16_autocast():
     """Reference.logits (what PPO, the evaluation and the inspect page call) of an fp16 or bf16 copy inside bf16
     autocast (--dtype=bf16) gives the numbers the same copy gives outside it (--dtype=fp32), bit for bit."""
-    from model import GPT, GPTConfig, autocast, pad_left
-    from ref import RefConfig, make_reference
+    from model import GPT, GPTConfig
+    from precision import autocast
+    from sequences import pad_left
+    from cheap_ref import make_reference, RefConfig
     torch.manual_seed(0)
     m = GPT(GPTConfig(block_size=24, vocab_size=50, n_layer=2, n_head=2, n_embd=32)).eval()
     q, qm = pad_left([[1, 2, 3], [4]], 0)                                 # left-padded, different lengths
