@@ -1,7 +1,7 @@
 """A small GPT in plain PyTorch: pre-LN blocks, causal attention, GELU MLP, tied embeddings,
 KV-cache sampling, and the forwards that score a response.
 
-    python -m pytest -q tests/test_model.py   # padding, the KV cache and sampling against slow loops
+    python -m pytest -q tests/test_model.py   # padding, KV cache, sampling against slow loops
 
 The same class serves as actor, frozen reference, and (through `hidden`) as the trunk of the reward
 model and the critic. Left-padded batches are supported: `mask` (B, T) marks real tokens; positions

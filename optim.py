@@ -95,8 +95,8 @@ class StepGuard:
         self.skipped += 1
         self.in_a_row += 1
         if self.in_a_row >= MAX_BAD_STEPS:
-            raise RunError(f"{self.what} diverged: {self.in_a_row} steps in a row with a non-finite "
-                           "loss or gradient (lower the learning rate)", 1)
+            raise RunError(f"{self.what} diverged: {self.in_a_row} steps in a row with a "
+                           "non-finite loss or gradient (lower the learning rate)", 1)
         return False
 
 

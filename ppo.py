@@ -352,7 +352,8 @@ def log_line(row, n_iters, eta):
             f"clip {row['policy/clipfrac_avg']:.3f} | "
             f"approxkl {row['policy/approxkl_avg']:.4f} | vf {row['loss/value_avg']:.3f} | "
             f"len {row['val/response_length']:.1f} | "
-            f"{row['time/tokens_per_second']:.0f} tok/s | eta {int(eta // 60)}m{int(eta % 60):02d}s")
+            f"{row['time/tokens_per_second']:.0f} tok/s | "
+            f"eta {int(eta // 60)}m{int(eta % 60):02d}s")
 
 
 def say(line):

@@ -2,7 +2,7 @@
 which pretraining and PPO go on after an interruption.
 
     python train.py     # killed and run again: pretraining and PPO go on where they stopped
-    python -m pytest -q tests/test_state.py   # a killed run ends with an uninterrupted run's numbers
+    python -m pytest -q tests/test_state.py   # killed and resumed: an uninterrupted run's numbers
 
 A checkpoint (pretrain.pt, ref.pt, actor.pt) is a GPT's config and weights, written atomically
 (store.py) and loaded with weights_only=True onto the chosen device. A resumable state
