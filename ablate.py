@@ -1,26 +1,38 @@
-"""What the reference model buys, measured: the PPO stage re-run under each condition, several seeds each.
+"""What the reference model buys, measured: the PPO stage re-run under each condition, several
+seeds each.
 
-    python ablate.py                     # the core suite x 3 seeds at the main run's budget -> out/ablate/
-    python ablate.py --suite=estimators  # a suite: core, estimators, reference, beta, anchors, or all (SUITES)
-    python ablate.py --quick             # one seed, short runs (32 x 12 sequences): a few minutes -> out/ablate_quick/
-    python ablate.py --conditions=no_kl,adaptive --seeds=5 --ppo_iters=80    # any train.py flag passes through
-    python ablate.py --subdir=ablate_short --rollout_batch=32 --ppo_iters=40  # results into out/ablate_short/
-    python ablate.py --jobs=1            # runs one after another, in this process (default: 2 processes, 1 thread each)
-    python ablate.py --suite=cheap       # cheaper references and the KL rollback -> also out/ablate/results_ref.md
-    python ablate.py --fresh             # this command's runs again from the start (never the main run: train.py's)
+    python ablate.py                     # the core suite x 3 seeds at the main run's budget
+                                         # -> out/ablate/
+    python ablate.py --suite=estimators  # a suite: core, estimators, reference, beta, anchors,
+                                         # or all (SUITES)
+    python ablate.py --quick             # one seed, short runs (32 x 12 sequences): a few minutes
+                                         # -> out/ablate_quick/
+    python ablate.py --conditions=no_kl,adaptive --seeds=5 --ppo_iters=80
+                                         # any train.py flag passes through
+    python ablate.py --subdir=ablate_short --rollout_batch=32 --ppo_iters=40
+                                         # results into out/ablate_short/
+    python ablate.py --jobs=1            # runs one after another, in this process
+                                         # (default: 2 processes, 1 thread each)
+    python ablate.py --suite=cheap       # cheaper references and the KL rollback
+                                         # -> also out/ablate/results_ref.md
+    python ablate.py --fresh             # this command's runs again from the start
+                                         # (never the main run: train.py's)
 
-results.md gives each column's mean with a 95 % bootstrap interval over seeds, then each condition minus `adaptive`
-(or the suite's first condition) paired over seeds; an interval that holds 0 is printed "not separated".
-Each run folder's run.json, written last, records the config, input and output hashes the run was made with (as
-stages.json does for train.py's stages). A run whose record matches the current config and inputs, its outputs intact,
-is reused, so an interrupted ablation goes on where it stopped (a run killed half way resumes from its ppo_state.pt);
-a run with a damaged output, or no record, is done again, alone. `--fresh` redoes this command's runs from the start
-and never touches the main run (that is `python train.py --fresh`). Ctrl-C, or a kill -9 of ablate.py, stops every
+results.md gives each column's mean with a 95 % bootstrap interval over seeds, then each condition
+minus `adaptive` (or the suite's first condition) paired over seeds; an interval that holds 0 is
+printed "not separated".
+Each run folder's run.json, written last, records the config, input and output hashes the run was
+made with (as stages.json does for train.py's stages). A run whose record matches the current
+config and inputs, its outputs intact, is reused, so an interrupted ablation goes on where it
+stopped (a run killed half way resumes from its ppo_state.pt); a run with a damaged output, or no
+record, is done again, alone. `--fresh` redoes this command's runs from the start and never touches
+the main run (that is `python train.py --fresh`). Ctrl-C, or a kill -9 of ablate.py, stops every
 worker before it writes another file.
 
-The pretrained model, frozen reference and reward model come from the main run folder (--out_dir, built by
-train.py's stages when missing), so only PPO differs between rows. Every condition gets the same iterations,
-batch and learning rates; a condition changes only the KL settings named in CONDITIONS.
+The pretrained model, frozen reference and reward model come from the main run folder (--out_dir,
+built by train.py's stages when missing), so only PPO differs between rows. Every condition gets
+the same iterations, batch and learning rates; a condition changes only the KL settings named in
+CONDITIONS.
 Its statistics (bootstrap intervals, paired differences), tables and plots are in tables.py.
 Left out: hyper-parameter search per condition; conditions are compared at one shared budget.
 """
@@ -33,10 +45,11 @@ from errors import RunError, die
 from evaluate import best_of_k, evaluate_policy, plot_bestofk, sample_texts
 from precision import autocast
 from state import load_checkpoint
-from tables import (DEFAULT_CONDITION, beta_table, bestofk_cells, bestofk_curves, bestofk_table, plot, ref_table,
-                    summarise, verifiable_columns)
+from tables import (DEFAULT_CONDITION, beta_table, bestofk_cells, bestofk_curves, bestofk_table,
+                    plot, ref_table, summarise, verifiable_columns)
 
-# condition -> train.py flags. A condition in SAME_AS has the same flags as another and reuses its runs.
+# condition -> train.py flags. A condition in SAME_AS has the same flags as another and reuses its
+# runs.
 CONDITIONS = {
     "no_kl": ["--kl_ctl=fixed", "--init_kl_coef=0"],
     "rolling_ref": ["--ref_update=rolling", "--kl_ctl=fixed", "--init_kl_coef=0.05"],
@@ -50,19 +63,23 @@ CONDITIONS = {
     "est_k3": ["--kl_estimator=k3"],
     "est_full_reward": ["--kl_estimator=full"],
     "est_full_loss": ["--kl_in=loss", "--kl_estimator=full"],
-    # every estimator in every place (adaptive β, as the default), and the mean-over-the-response mistake
-    **{f"est_{k}_{place}": [f"--kl_estimator={k}", f"--kl_in={place}"] for k in ("k1", "k2", "k3", "full")
-       for place in ("reward", "loss")},
+    # every estimator in every place (adaptive β, as the default), and the mean-over-the-response
+    # mistake
+    **{f"est_{k}_{place}": [f"--kl_estimator={k}", f"--kl_in={place}"]
+       for k in ("k1", "k2", "k3", "full") for place in ("reward", "loss")},
     "est_seq_mean": ["--kl_estimator=seq_mean"],
     # between frozen and rolling, at rolling_ref's fixed β (fixed_0.05 is the frozen row)
-    "ref_sync": ["--ref_update=sync", "--ref_sync_alpha=0.6", "--ref_sync_every=10", "--kl_ctl=fixed",
-                 "--init_kl_coef=0.05"],
-    "ref_reset": ["--ref_update=reset", "--ref_reset_every=20", "--kl_ctl=fixed", "--init_kl_coef=0.05"],
+    "ref_sync": ["--ref_update=sync", "--ref_sync_alpha=0.6", "--ref_sync_every=10",
+                 "--kl_ctl=fixed", "--init_kl_coef=0.05"],
+    "ref_reset": ["--ref_update=reset", "--ref_reset_every=20", "--kl_ctl=fixed",
+                  "--init_kl_coef=0.05"],
     # a second anchor, to the pretraining data (InstructGPT's PPO-ptx)
     "ptx": ["--ptx_coef=1.0"],
     "ptx_no_kl": ["--ptx_coef=1.0", "--kl_ctl=fixed", "--init_kl_coef=0"],
-    # fixed β from almost nothing to a lot; and a controller whose horizon (a tenth of the run) lets β move
-    **{f"beta_{b}": ["--kl_ctl=fixed", f"--init_kl_coef={b}"] for b in ("0.001", "0.01", "0.03", "0.1", "0.3", "1")},
+    # fixed β from almost nothing to a lot; and a controller whose horizon (a tenth of the run) lets
+    # β move
+    **{f"beta_{b}": ["--kl_ctl=fixed", f"--init_kl_coef={b}"]
+       for b in ("0.001", "0.01", "0.03", "0.1", "0.3", "1")},
     "adaptive_fast": ["--kl_horizon=0"],
     # how the reference is held (ref.py); ref_full is the default, as adaptive
     "ref_full": [],
@@ -71,42 +88,52 @@ CONDITIONS = {
     "ref_int8": ["--ref=int8"],
     "ref_nf4": ["--ref=nf4"],
     "ref_lora": ["--ref=lora"],
-    "ref_lora_lr10": ["--ref=lora", "--ppo_lr=5e-4"],          # adapters usually want a larger learning rate
-    "ref_shared_2": ["--ref=shared_2"],                        # the default model has 4 blocks: the top 2 train
+    # Adapters usually want a larger learning rate.
+    "ref_lora_lr10": ["--ref=lora", "--ppo_lr=5e-4"],
+    # The default model has 4 blocks: the top 2 train.
+    "ref_shared_2": ["--ref=shared_2"],
     # a run that drifts (weak fixed β, as fixed_0.005), and the same run with the KL rollback
     "drift": ["--kl_ctl=fixed", "--init_kl_coef=0.005"],
     "rollback": ["--kl_ctl=fixed", "--init_kl_coef=0.005", "--kl_max=10"],
-    # a verifiable reward (the simulated human itself) and critic-free group baselines (G = 8 samples per prompt).
-    # GRPO's β = 0.04 weighs a per-token mean of k3; tether's loss sums k3 over the ~40 tokens of a response, so
-    # the same weight is β = 0.04 / 40 = 0.001
+    # a verifiable reward (the simulated human itself) and critic-free group baselines (G = 8
+    # samples per prompt). GRPO's β = 0.04 weighs a per-token mean of k3; tether's loss sums k3
+    # over the ~40 tokens of a response, so the same weight is β = 0.04 / 40 = 0.001
     "gold_adaptive": ["--reward=gold"],
     "gold_no_kl": ["--reward=gold", "--kl_ctl=fixed", "--init_kl_coef=0"],
-    "gold_grpo_k3loss": ["--reward=gold", "--advantage=grpo", "--kl_in=loss", "--kl_estimator=k3", "--kl_ctl=fixed",
-                         "--init_kl_coef=0.001"],
-    "gold_grpo_no_kl": ["--reward=gold", "--advantage=grpo", "--kl_ctl=fixed", "--init_kl_coef=0"],   # TRL's default
-    "gold_rloo": ["--reward=gold", "--advantage=rloo"],                     # k1 in the reward, adaptive β
-    "gold_forward_kl": ["--reward=gold", "--kl_in=loss", "--kl_estimator=full_forward"],    # mass-covering anchor
-    "grpo_k3loss": ["--advantage=grpo", "--kl_in=loss", "--kl_estimator=k3", "--kl_ctl=fixed", "--init_kl_coef=0.001"],
+    "gold_grpo_k3loss": ["--reward=gold", "--advantage=grpo", "--kl_in=loss", "--kl_estimator=k3",
+                         "--kl_ctl=fixed", "--init_kl_coef=0.001"],
+    # No KL term at all: TRL's default.
+    "gold_grpo_no_kl": ["--reward=gold", "--advantage=grpo", "--kl_ctl=fixed", "--init_kl_coef=0"],
+    # The KL term is k1 in the reward, with adaptive β.
+    "gold_rloo": ["--reward=gold", "--advantage=rloo"],
+    # A mass-covering anchor.
+    "gold_forward_kl": ["--reward=gold", "--kl_in=loss", "--kl_estimator=full_forward"],
+    "grpo_k3loss": ["--advantage=grpo", "--kl_in=loss", "--kl_estimator=k3", "--kl_ctl=fixed",
+                    "--init_kl_coef=0.001"],
     "grpo_no_kl": ["--advantage=grpo", "--kl_ctl=fixed", "--init_kl_coef=0"],
 }
-SAME_AS = {"est_k1": "adaptive", "est_k1_reward": "adaptive", "est_k3_reward": "est_k3", "ref_full": "adaptive",
-           "drift": "fixed_0.005"}
-CORE = ["no_kl", "rolling_ref", "fixed_0.005", "fixed_0.05", "fixed_0.5", "adaptive", "band", "linear_decay",
-        "est_k1", "est_k3", "est_full_reward", "est_full_loss"]
-SUITES = {                      # a plain dict: add a suite by adding a line; `all` is the union, in this order
+SAME_AS = {"est_k1": "adaptive", "est_k1_reward": "adaptive", "est_k3_reward": "est_k3",
+           "ref_full": "adaptive", "drift": "fixed_0.005"}
+CORE = ["no_kl", "rolling_ref", "fixed_0.005", "fixed_0.05", "fixed_0.5", "adaptive", "band",
+        "linear_decay", "est_k1", "est_k3", "est_full_reward", "est_full_loss"]
+# A plain dict: add a suite by adding a line; `all` is the union, in this order.
+SUITES = {
     "core": CORE,
-    "estimators": [f"est_{k}_{p}" for p in ("reward", "loss") for k in ("k1", "k2", "k3", "full")] + ["est_seq_mean"],
+    "estimators": [f"est_{k}_{p}" for p in ("reward", "loss") for k in ("k1", "k2", "k3", "full")]
+                  + ["est_seq_mean"],
     "reference": ["fixed_0.05", "rolling_ref", "ref_sync", "ref_reset"],
     "anchors": ["no_kl", "adaptive", "ptx", "ptx_no_kl"],
-    "cheap": ["ref_full", "ref_bf16", "ref_fp16", "ref_int8", "ref_nf4", "ref_lora", "ref_lora_lr10", "ref_shared_2",
-              "drift", "rollback"],
-    "beta": ["no_kl", "beta_0.001", "beta_0.01", "beta_0.03", "fixed_0.05", "beta_0.1", "beta_0.3", "beta_1",
-             "adaptive", "adaptive_fast"],
-    "verifiable": ["gold_adaptive", "gold_no_kl", "gold_grpo_k3loss", "gold_grpo_no_kl", "gold_rloo",
-                   "gold_forward_kl", "adaptive", "no_kl", "grpo_k3loss", "grpo_no_kl"],
+    "cheap": ["ref_full", "ref_bf16", "ref_fp16", "ref_int8", "ref_nf4", "ref_lora",
+              "ref_lora_lr10", "ref_shared_2", "drift", "rollback"],
+    "beta": ["no_kl", "beta_0.001", "beta_0.01", "beta_0.03", "fixed_0.05", "beta_0.1", "beta_0.3",
+             "beta_1", "adaptive", "adaptive_fast"],
+    "verifiable": ["gold_adaptive", "gold_no_kl", "gold_grpo_k3loss", "gold_grpo_no_kl",
+                   "gold_rloo", "gold_forward_kl", "adaptive", "no_kl", "grpo_k3loss",
+                   "grpo_no_kl"],
 }
 SUITES["all"] = list(dict.fromkeys(c for suite in SUITES.values() for c in suite))
-DEFAULTS = []                   # the main run's budget: train.py's rollout_batch, ppo_iters and n_eval
+# The main run's budget: train.py's rollout_batch, ppo_iters and n_eval.
+DEFAULTS = []
 QUICK = ["--rollout_batch=32", "--ppo_iters=12", "--n_eval=64"]
 BOOLS = {"": True, "1": True, "true": True, "0": False, "false": False}
 
@@ -140,7 +167,8 @@ def parse(argv):
         die(f"--conditions names {max(conds, key=conds.count)!r} twice")
     if opts["seeds"] < 1 or opts["jobs"] < 1:
         die(f"--seeds and --jobs must be >= 1 (got {opts['seeds']} and {opts['jobs']})")
-    # --quick runs have other budgets: their own folder, so they never replace the main-budget runs of out/ablate
+    # --quick runs have other budgets: their own folder, so they never replace the main-budget runs
+    # of out/ablate
     if opts["quick"] and not any(a.startswith("--subdir=") for a in argv):
         opts["subdir"] = "ablate_quick"
     if not opts["subdir"] or os.sep in opts["subdir"] or opts["subdir"].startswith("."):
@@ -159,26 +187,34 @@ def parse(argv):
     return opts, rest
 
 
-RECORD = "run.json"     # in each run folder, written last: config, input and output hashes, as in stages.json
+# In each run folder, written last: config, input and output hashes, as in stages.json.
+RECORD = "run.json"
 
 
 def run_record(run_dir, stamp, outputs):
-    """A run folder's record: as stages.json's, with the inputs in base's folder (the stamp's hashes)."""
+    """A run folder's record: as stages.json's, with the inputs in base's folder (the stamp's
+    hashes)."""
     rec = store.make_record(run_dir, stamp["config"], [], outputs, stamp["defaults"], stamp["code"])
     rec["inputs"] = stamp["inputs"]
     return rec
 
 
 def finished(run_dir, stamp):
-    """True when run_dir holds a finished run made under `stamp` whose outputs are as the run wrote them (their hashes
-    in run_dir/run.json). A run from before run.json existed is taken once it is whole: ppo.json under this stamp,
-    no ppo_state.pt left (run_ppo's last act removes it), every output loadable; then its record is written."""
-    st, path = stages.BY_NAME["ppo"], lambda n: os.path.join(run_dir, n)
-    needed = [n for n in st.outputs if not n.endswith(".png") and n != "critic.pt"]   # optional: matplotlib's plot,
-                                                                                   # the critic (gae only)
+    """True when run_dir holds a finished run made under `stamp` whose outputs are as the run wrote
+    them (their hashes in run_dir/run.json). A run from before run.json existed is taken once it is
+    whole: ppo.json under this stamp, no ppo_state.pt left (run_ppo's last act removes it), every
+    output loadable; then its record is written."""
+    st = stages.BY_NAME["ppo"]
+
+    def path(n):
+        return os.path.join(run_dir, n)
+    # Optional outputs are left out: matplotlib's plot, and the critic (gae only).
+    needed = [n for n in st.outputs if not n.endswith(".png") and n != "critic.pt"]
     try:
         rec = store.load_json(path(RECORD)) if os.path.exists(path(RECORD)) else None
-        if rec is None and os.path.exists(path("ppo.json")) and not os.path.exists(path(st.partial)):
+        # A run from before run.json existed: ppo.json written and no ppo_state.pt left.
+        unrecorded = rec is None and os.path.exists(path("ppo.json"))
+        if unrecorded and not os.path.exists(path(st.partial)):
             made = store.load_json(path("ppo.json"))
             if not isinstance(made, dict) or made.get("stamp") != stamp:
                 return False
@@ -188,7 +224,8 @@ def finished(run_dir, stamp):
                     store.load_torch(path(n))
             rec = run_record(run_dir, stamp, [n for n in st.outputs if os.path.exists(path(n))])
             store.save_json(path(RECORD), rec)
-    except RunError:                                    # a damaged record or output: the run is done again
+    except RunError:
+        # A damaged record or output: the run is done again.
         return False
     if rec is None or store.damaged_record(rec):
         return False
@@ -198,9 +235,10 @@ def finished(run_dir, stamp):
 
 
 def one_run(job):
-    """A single PPO run in its own folder; returns its row for results.jsonl. A finished run made under the same
-    config and inputs, its outputs intact, is reused; any other is done again (resuming from its ppo_state.pt when
-    that was made under the same config and inputs; --fresh: from the start)."""
+    """A single PPO run in its own folder; returns its row for results.jsonl. A finished run made
+    under the same config and inputs, its outputs intact, is reused; any other is done again
+    (resuming from its ppo_state.pt when that was made under the same config and inputs; --fresh:
+    from the start)."""
     cond, seed, rest, base, run_dir, threads = job
     if threads:
         torch.set_num_threads(threads)
@@ -208,18 +246,24 @@ def one_run(job):
     st = stages.BY_NAME["ppo"]
     stamp = stages.stamp(cfg, st)
     if cfg.run.fresh or not finished(run_dir, stamp):
-        stray = [n for n in os.listdir(run_dir) if ".tmp" in n] if os.path.isdir(run_dir) else []   # a kill mid-write
-        for n in [RECORD] + st.outputs + stray + ([st.partial] if cfg.run.fresh else []):   # the record goes first
+        # The temporary files a kill mid-write leaves.
+        stray = [n for n in os.listdir(run_dir) if ".tmp" in n] if os.path.isdir(run_dir) else []
+        partial = [st.partial] if cfg.run.fresh else []
+        # The record goes first.
+        for n in [RECORD] + st.outputs + stray + partial:
             store.remove(os.path.join(run_dir, n))
         stages.seed_everything(seed)
-        with autocast(cfg.run.device, cfg.run.dtype):                # --dtype=bf16, as train.py runs the stage
+        # Under --dtype=bf16, as train.py runs the stage.
+        with autocast(cfg.run.device, cfg.run.dtype):
             stages.run_ppo(cfg, base, run_dir, stamp, log=lambda line: None)
         # Last: a run killed before this line is done again.
-        store.save_json(os.path.join(run_dir, RECORD), run_record(run_dir, stamp, stages.files(cfg, st.outputs)))
+        rec = run_record(run_dir, stamp, stages.files(cfg, st.outputs))
+        store.save_json(os.path.join(run_dir, RECORD), rec)
     s = store.load_json(os.path.join(run_dir, "ppo.json"))
-    return dict(condition=cond, seed=seed, **s["final"], kl_coef_final=s["kl_coef_final"], seconds=s["seconds"],
-                ref=s.get("ref"), entropy=s["entropy"], s_per_iter=s["ref"]["seconds_per_iter"],
-                critic_mb=s["critic_bytes"] / 1e6, **bestofk_cells(s["bestofk"]))
+    return dict(condition=cond, seed=seed, **s["final"], kl_coef_final=s["kl_coef_final"],
+                seconds=s["seconds"], ref=s.get("ref"), entropy=s["entropy"],
+                s_per_iter=s["ref"]["seconds_per_iter"], critic_mb=s["critic_bytes"] / 1e6,
+                **bestofk_cells(s["bestofk"]))
 
 
 def pool_run(job):
@@ -235,56 +279,65 @@ def pool_run(job):
 
 
 def baseline_row(cfg, base, seed):
-    """The pretrained model, scored exactly as each run's final actor is (same prompts, same sampling seed): where
-    every condition starts from."""
+    """The pretrained model, scored exactly as each run's final actor is (same prompts, same
+    sampling seed): where every condition starts from."""
     run = cfg.run
     enc = tokenizer.load_tokenizer(base, cfg.world.tokenizer)
     actor, ref, rm = stages.load_models(base, run.device)
     stages.seed_everything(seed + 1)
     heldout = data.load_prompts(base)["heldout"]
-    with autocast(run.device, run.dtype):                           # in the runs' precision
+    # In the runs' precision.
+    with autocast(run.device, run.dtype):
         final, _ = evaluate_policy(actor, enc, heldout, run, ref, rm, cfg.eval.n_eval)
-        stages.seed_everything(seed + 2)                            # as run_ppo samples each actor's best-of-k
-        b = best_of_k(actor, enc, heldout, run, cfg.eval.bestofk_n, cfg.eval.pass_gold, cfg.eval.n_eval)
-    return dict(condition="pretrained", seed=seed, **final, kl_coef_final=None, seconds=0.0, entropy=float("nan"),
-                s_per_iter=0.0, critic_mb=0.0, **bestofk_cells(b))
+        # As run_ppo samples each actor's best-of-k.
+        stages.seed_everything(seed + 2)
+        b = best_of_k(actor, enc, heldout, run, cfg.eval.bestofk_n, cfg.eval.pass_gold,
+                      cfg.eval.n_eval)
+    return dict(condition="pretrained", seed=seed, **final, kl_coef_final=None, seconds=0.0,
+                entropy=float("nan"), s_per_iter=0.0, critic_mb=0.0, **bestofk_cells(b))
 
 
 def folder(cond):
-    """The folder a condition's runs live in: its twin's when SAME_AS names one (same flags, same runs)."""
+    """The folder a condition's runs live in: its twin's when SAME_AS names one (same flags, same
+    runs)."""
     return SAME_AS.get(cond, cond)
 
 
 def write_examples(cfg, base, adir, order, seed, n=3):
-    """examples.md: what the pretrained model and each condition's first-seed actor write for the same held-out
-    prompts, with the same sampling noise, and the gold verdict on each."""
+    """examples.md: what the pretrained model and each condition's first-seed actor write for the
+    same held-out prompts, with the same sampling noise, and the gold verdict on each."""
     run = cfg.run
     enc = tokenizer.load_tokenizer(base, cfg.world.tokenizer)
     heldout = data.load_prompts(base)["heldout"]
-    prompts = heldout[::max(1, len(heldout) // n)][:n]                 # spread over the held-out subjects
+    # Spread over the held-out subjects.
+    prompts = heldout[::max(1, len(heldout) // n)][:n]
     runs = [("pretrained", os.path.join(base, "pretrain.pt"))]
     runs += [(c, os.path.join(adir, folder(c), f"seed{seed}", "actor.pt")) for c in order
              if c != "pretrained" and (c not in SAME_AS or SAME_AS[c] not in order)]
     lines = [f"# What each actor writes (seed {seed}, temperature {run.temperature})\n"]
     for name, path in runs:
         model, _ = load_checkpoint(path, run.device)
-        stages.seed_everything(seed + 2)                            # the same sampling noise for every actor
+        # The same sampling noise for every actor.
+        stages.seed_everything(seed + 2)
         lines.append(f"\n## {name}\n")
         for p, r in zip(prompts, sample_texts(model, enc, prompts, run)):
             v = data.judge(p, r)
-            lines.append(f"- gold {v['score']:+.2f}{'' if v['wellformed'] else ' (not well-formed)'}: "
-                         f"`{p.strip()}` | {r.replace(data.EOT, ' <eot>').strip()}")
+            note = "" if v["wellformed"] else " (not well-formed)"
+            text = r.replace(data.EOT, " <eot>").strip()
+            lines.append(f"- gold {v['score']:+.2f}{note}: `{p.strip()}` | {text}")
     store.write_text(os.path.join(adir, "examples.md"), "\n".join(lines) + "\n")
 
 
 def _worker_init(parent):
-    """Each worker: Ctrl-C is the parent's to handle, and the worker dies with its parent, even a kill -9 of it.
-    Linux: the kernel sends SIGKILL on the parent's death (prctl PR_SET_PDEATHSIG). Everywhere: every file write
-    first checks the parent (store.stop_writing_if_orphaned), which also catches a parent that died before prctl."""
+    """Each worker: Ctrl-C is the parent's to handle, and the worker dies with its parent, even a
+    kill -9 of it. Linux: the kernel sends SIGKILL on the parent's death (prctl PR_SET_PDEATHSIG).
+    Everywhere: every file write first checks the parent (store.stop_writing_if_orphaned), which
+    also catches a parent that died before prctl."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if sys.platform.startswith("linux"):
         import ctypes
-        ctypes.CDLL(None).prctl(1, int(signal.SIGKILL), 0, 0, 0)     # 1 = PR_SET_PDEATHSIG
+        # The first argument, 1, is PR_SET_PDEATHSIG.
+        ctypes.CDLL(None).prctl(1, int(signal.SIGKILL), 0, 0, 0)
     store.stop_writing_if_orphaned(parent)
 
 
@@ -294,56 +347,81 @@ def ablate(opts, rest):
     os.makedirs(base, exist_ok=True)
     with store.Lock(base):
         main_run = train.parse(override(rest, ["--stage=all"]))
-        main_run.run.fresh = False                      # --fresh redoes this command's ablation runs, never the main run
+        # --fresh redoes this command's ablation runs, never the main run.
+        main_run.run.fresh = False
         try:
-            train.run_stages(main_run, upto="reward")   # pretrained model, reference, reward model: built when missing
+            # The pretrained model, reference and reward model: built when missing.
+            train.run_stages(main_run, upto="reward")
         except RunError as e:
-            raise RunError(f"{e} (with python train.py --out_dir={base}; ablate.py's --fresh redoes only its own "
-                           "runs)", e.code) from None
+            raise RunError(f"{e} (with python train.py --out_dir={base}; "
+                           "ablate.py's --fresh redoes only its own runs)", e.code) from None
         adir = os.path.join(base, opts["subdir"])
         os.makedirs(adir, exist_ok=True)
         order = opts["conditions"].split(",")
         seed0 = cfg.run.seed
-        jobs = [(c, seed0 + k, rest, base, os.path.join(adir, c, f"seed{seed0 + k}"),
-                 1 if opts["jobs"] > 1 else 0) for c in dict.fromkeys(map(folder, order))
-                for k in range(opts["seeds"])]                  # a SAME_AS condition runs once, in its twin's folder
+        threads = 1 if opts["jobs"] > 1 else 0
+        # A SAME_AS condition runs once, in its twin's folder.
+        jobs = [(c, seed0 + k, rest, base, os.path.join(adir, c, f"seed{seed0 + k}"), threads)
+                for c in dict.fromkeys(map(folder, order)) for k in range(opts["seeds"])]
         t0, rows = time.time(), [baseline_row(cfg, base, seed0)]
         print(f"ablate: {len(jobs)} PPO runs ({opts['jobs']} at a time) into {adir}", flush=True)
-        pool = multiprocessing.get_context("spawn").Pool(opts["jobs"], _worker_init, (os.getpid(),)) \
-            if opts["jobs"] > 1 else None
+        pool = None
+        if opts["jobs"] > 1:
+            context = multiprocessing.get_context("spawn")
+            pool = context.Pool(opts["jobs"], _worker_init, (os.getpid(),))
         try:
             for row in (pool.imap(pool_run, jobs) if pool else map(one_run, jobs)):
                 rows.append(row)
-                print(f"  {row['condition']:16s} seed {row['seed']}: gold {row['gold_mean']:+.2f} proxy "
-                      f"{row['proxy_mean']:+.2f} kl {row['kl']:.2f} ({row['seconds']:.0f}s, total "
-                      f"{time.time() - t0:.0f}s)", flush=True)
+                print(f"  {row['condition']:16s} seed {row['seed']}: gold {row['gold_mean']:+.2f} "
+                      f"proxy {row['proxy_mean']:+.2f} kl {row['kl']:.2f} ({row['seconds']:.0f}s, "
+                      f"total {time.time() - t0:.0f}s)", flush=True)
         finally:
             if pool:
-                pool.terminate(); pool.join()                 # no orphans, whatever happened
-        rows = rows[:1] + [dict(r, condition=c) for c in order for r in rows[1:] if r["condition"] == folder(c)]
+                # No orphans, whatever happened.
+                pool.terminate()
+                pool.join()
+        # Every condition's rows, a SAME_AS condition's taken from its twin's runs.
+        named = [dict(r, condition=c) for c in order for r in rows[1:]
+                 if r["condition"] == folder(c)]
+        rows = rows[:1] + named
         store.save_json(os.path.join(adir, "results.jsonl"), rows, lines=True)
         order = ["pretrained"] + order
-        gold = any(c in SUITES["verifiable"] for c in order)            # best-of-k, entropy and cost columns
-        ks = [int(c[5:]) for c in rows[0] if c.startswith("best_")]    # k = 1, 2, 4, ... up to --bestofk_n
-        table = summarise(rows, order, base="gold_adaptive" if "gold_adaptive" in order else DEFAULT_CONDITION,
-                          **dict(zip(("columns", "paired"), verifiable_columns(max(ks)))) if gold else {})
-        table += ("\nBest of k (expected best gold among k samples per prompt) and pass@k, mean over seeds:\n\n"
-                  + bestofk_table(rows, order)) if gold else ""
-        run_dir = lambda cond, seed: os.path.join(adir, folder(cond), f"seed{seed}")
-        report = (f"# ablate.py {' '.join(sys.argv[1:])}\n\n{len(jobs)} PPO runs, {time.time() - t0:.0f} s in all "
-                  f"(runs reused from earlier commands take 0 s). Mean [95 % bootstrap interval] over the seeds "
-                  f"listed; held-out prompts.\n\n{table}{beta_table(run_dir, rows, order)}")
+        # Best-of-k, entropy and cost columns.
+        gold = any(c in SUITES["verifiable"] for c in order)
+        # k = 1, 2, 4, ... up to --bestofk_n.
+        ks = [int(c[5:]) for c in rows[0] if c.startswith("best_")]
+        against = "gold_adaptive" if "gold_adaptive" in order else DEFAULT_CONDITION
+        columns = dict(zip(("columns", "paired"), verifiable_columns(max(ks)))) if gold else {}
+        table = summarise(rows, order, base=against, **columns)
+        if gold:
+            heading = ("\nBest of k (expected best gold among k samples per prompt) and pass@k, "
+                       "mean over seeds:\n\n")
+            table += heading + bestofk_table(rows, order)
+
+        def run_dir(cond, seed):
+            return os.path.join(adir, folder(cond), f"seed{seed}")
+        report = (f"# ablate.py {' '.join(sys.argv[1:])}\n\n{len(jobs)} PPO runs, "
+                  f"{time.time() - t0:.0f} s in all (runs reused from earlier commands take 0 s). "
+                  "Mean [95 % bootstrap interval] over the seeds listed; held-out prompts.\n\n"
+                  f"{table}{beta_table(run_dir, rows, order)}")
         cheap = any(c in SUITES["cheap"] for c in order)
-        ref_report = (f"# ablate.py {' '.join(sys.argv[1:])}\n\nMaking the reference cheap; mean [95 % bootstrap "
-                      f"interval] over seeds; held-out prompts.\n\n{ref_table(rows, order)}") if cheap else ""
-        store.write_text(os.path.join(adir, "results.md"), report + ("\n" + ref_report if cheap else ""))
-        if not opts["user_conditions"]:                               # a suite's tables survive the next command
+        ref_report = ""
+        if cheap:
+            ref_report = (f"# ablate.py {' '.join(sys.argv[1:])}\n\nMaking the reference cheap; "
+                          "mean [95 % bootstrap interval] over seeds; held-out prompts.\n\n"
+                          f"{ref_table(rows, order)}")
+        results = report + ("\n" + ref_report if cheap else "")
+        store.write_text(os.path.join(adir, "results.md"), results)
+        # A suite's tables survive the next command.
+        if not opts["user_conditions"]:
             store.write_text(os.path.join(adir, f"results_{opts['suite']}.md"), report)
             if cheap:
                 store.write_text(os.path.join(adir, "results_ref.md"), ref_report)
         plot(rows, adir, order, run_dir)
-        if gold:                                                      # pretrained against each actor
-            plot_bestofk(bestofk_curves(rows, order, cfg.eval.pass_gold, ks), os.path.join(adir, "bestofk.png"))
+        # The pretrained model against each actor.
+        if gold:
+            curves = bestofk_curves(rows, order, cfg.eval.pass_gold, ks)
+            plot_bestofk(curves, os.path.join(adir, "bestofk.png"))
         write_examples(cfg, base, adir, order, seed0)
         print(table)
 

@@ -1,13 +1,17 @@
 """Flags: every config field is a `--name=value` flag, checked before any stage starts.
 
     python train.py --help           # every field with its default, its rule and what it does
-    python train.py --preset=smoke   # a preset sets many fields at once; flags given after it still win
+    python train.py --preset=smoke   # a preset sets many fields at once; flags after it still win
 
-Each config dataclass lives beside the code it configures (GPTConfig in model.py, RewardConfig in reward.py,
-KLConfig in kl.py, PPOConfig in ppo.py); the run, world and pretraining ones live here. A field is declared with
-`arg(default, rule, help, choices)`, so its range sits next to it. Bad input is one line on stderr and exit code 2,
-before anything is written (`die`); failures found later are `RunError`s, printed the same way by train.py
-(both in errors.py). Checks that need another file (dist, ref) run in train.py's `parse`.
+Each config dataclass lives beside the code it configures (GPTConfig in model.py, RewardConfig in
+reward.py, KLConfig in kl.py, PPOConfig in ppo.py, PretrainConfig in pretrain.py, RefConfig in
+cheap_ref.py, AnchorConfig in anchors.py, RollbackConfig in rollback.py, EvalConfig in evaluate.py,
+InspectConfig in inspect_page.py); the run and world ones live here. A field is declared with
+`arg(default, rule, help, choices)`, so its range sits next to it. Bad input is one line on stderr
+and exit code 2, before anything is written (`die`); failures found later are `RunError`s, printed
+the same way by train.py (both in errors.py). Checks that need another file (dist, cheap_ref,
+anchors, rollback, kl, grpo, tokenizer) run in train.py's `parse`, which also resolves
+--dtype=auto (precision.auto_dtype).
 Left out: config files, environment variables, nested or list-valued flags.
 """
 import dataclasses, math, sys
@@ -19,14 +23,17 @@ from errors import RunError, die
 RULES = {">0": lambda v: v > 0, ">=0": lambda v: v >= 0, "[0,1]": lambda v: 0 <= v <= 1,
          "[0,1)": lambda v: 0 <= v < 1, "(0,1)": lambda v: 0 < v < 1,
          "(0,1]": lambda v: 0 < v <= 1, "[0,2^31)": lambda v: 0 <= v < 2 ** 31,
-         ">=0.01": lambda v: v >= 0.01,    # temperature: logits/T in fp32 err by |logit|/T·6e-8, < 1e-3 nats here
-         # Evaluation sizes: the samples' texts and verdicts are held in memory (about 1 kB each), so 100,000
-         # is about 100 MB; far more would die of MemoryError after the training they evaluate.
+         # The temperature's: logits/T in fp32 err by |logit|/T·6e-8, under 1e-3 nats here.
+         ">=0.01": lambda v: v >= 0.01,
+         # Evaluation sizes: the samples' texts and verdicts are held in memory (about 1 kB each),
+         # so 100,000 is about 100 MB; far more would die of MemoryError after the training they
+         # evaluate.
          "[1,100000]": lambda v: 1 <= v <= 100000}
 
 
 def arg(default, rule=None, help="", choices=None):
-    """A config field with its rule (a key of RULES), one line of help and, for strings, its choices."""
+    """A config field with its rule (a key of RULES), one line of help and, for strings, its
+    choices."""
     return dataclasses.field(default=default, metadata=dict(rule=rule, help=help, choices=choices))
 
 
@@ -34,56 +41,68 @@ def arg(default, rule=None, help="", choices=None):
 class RunConfig:
     out_dir: str = arg("out", help="folder for every stage's outputs")
     stage: str = arg("all", help="every stage not done yet, or one stage (stages.STAGES)",
-                     choices=["all", "world", "pretrain", "reference", "preferences", "reward", "ppo", "report",
-                              "sample", "inspect"])
+                     choices=["all", "world", "pretrain", "reference", "preferences", "reward",
+                              "ppo", "report", "sample", "inspect"])
     fresh: bool = arg(False, help="delete every output in out_dir and redo every stage")
-    preset: str = arg("default", help="default, smoke (seconds; the tests use it), gpu (one GPU, about 10 minutes)",
-                      choices=["default", "smoke", "gpu"])
-    seed: int = arg(1337, "[0,2^31)", "numpy takes seeds in [0, 2^32); the stages add small offsets (+1, +2, "
-                    "ablate.py's seed + k)")
-    device: str = arg("auto", help="auto (cuda when available), cpu or cuda", choices=["auto", "cpu", "cuda"])
+    preset: str = arg("default", help="default, smoke (seconds; the tests use it), gpu (one GPU, "
+                      "about 10 minutes)", choices=["default", "smoke", "gpu"])
+    seed: int = arg(1337, "[0,2^31)", "numpy takes seeds in [0, 2^32); the stages add small "
+                    "offsets (+1, +2, ablate.py's seed + k)")
+    device: str = arg("auto", help="auto (cuda when available), cpu or cuda",
+                      choices=["auto", "cpu", "cuda"])
     threads: int = arg(0, ">=0", "torch CPU threads; 0 = torch's default")
-    dtype: str = arg("fp32", help="precision of every forward: fp32, bf16 autocast (fp32 weights and optimizer, "
-                     "each weight cast once per step; TF32 for what stays fp32 on CUDA), or auto: bf16 where the "
-                     "device multiplies bf16 natively (auto_dtype), else fp32", choices=["fp32", "bf16", "auto"])
-    temperature: float = arg(1.0, ">=0.01", "one temperature everywhere: sampling, old, reference, training "
-                             "log-probs; below 0.01 sampling is greedy anyway and fp32 log-probs lose precision")
-    response_length: int = arg(64, ">0", "most response tokens sampled; prompt + response must fit block_size")
-    prompt: str = arg("", help=r"sample stage: your own prompt, e.g. 'review: the nova pro phone\n'")
+    dtype: str = arg("fp32", help="precision of every forward: fp32, bf16 autocast (fp32 weights "
+                     "and optimizer, each weight cast once per step; TF32 for what stays fp32 on "
+                     "CUDA), or auto: bf16 where the device multiplies bf16 natively, else fp32 "
+                     "(precision.auto_dtype, applied in train.parse)",
+                     choices=["fp32", "bf16", "auto"])
+    temperature: float = arg(1.0, ">=0.01", "one temperature everywhere: sampling, old, "
+                             "reference, training log-probs; below 0.01 sampling is greedy "
+                             "anyway and fp32 log-probs lose precision")
+    response_length: int = arg(64, ">0", "most response tokens sampled; prompt + response must "
+                               "fit block_size")
+    prompt: str = arg("", help=r"sample stage: your own prompt, e.g. "
+                      r"'review: the nova pro phone\n'")
 
 
 @dataclass
 class WorldConfig:
     n_reviews: int = arg(40000, ">0", "generated reviews, about 4.8 MB of text at 40,000")
     vocab_size: int = arg(1024, ">0", "BPE vocabulary, end-of-text included")
-    tokenizer: str = arg("bpe", help="bpe (ours, trained on the world) or gpt2 (tiktoken's, if cached locally)",
-                         choices=["bpe", "gpt2"])
+    tokenizer: str = arg("bpe", help="bpe (ours, trained on the world) or gpt2 (tiktoken's, if "
+                         "cached locally)", choices=["bpe", "gpt2"])
 
 
 PRESETS = {"default": {},
-           "smoke": dict(n_reviews=3000, vocab_size=300, n_layer=2, n_embd=64, n_head=2, block_size=96,
-                         max_iters=150, batch_size=32, warmup_iters=10, eval_interval=50, eval_iters=2, n_samples=16,
-                         response_length=40, n_pairs=600, rm_epochs=2, rm_val_frac=0.25, ppo_iters=3,
-                         rollout_batch=16, minibatch_size=8, ppo_epochs=2, n_eval=16, kl_horizon=100,
-                         save_interval=1),
-           # One H100-class GPU, about 10 minutes for every stage (an estimate: no GPU was available to measure it).
-           # 8 layers x 512 channels (25 M parameters, 27x the default) in bf16 keep the matrix units busy at batch
-           # 64 x 256 tokens; block 256 holds the longest prompt + 64 response tokens with room to spare. The world
-           # grows 5x (about 24 MB of reviews) so 3000 iterations (49 M tokens, ~7 passes) do not just memorise it;
-           # a larger model wants a smaller lr (nanoGPT's 10 M model uses 1e-3). 30,000 preference pairs and PPO
-           # rollouts of 512 (8x) give the reward model and the policy gradient less noise; kl_horizon grows with
-           # the sequences seen so β can still move about 20 % per horizon.
-           "gpu": dict(n_reviews=200000, n_layer=8, n_head=8, n_embd=512, block_size=256, dropout=0.0,
-                       max_iters=3000, batch_size=64, lr=1e-3, min_lr=1e-4, warmup_iters=100, eval_interval=250,
-                       eval_iters=20, n_samples=500, dtype="bf16", compile=True, n_pairs=30000, rm_epochs=2,
-                       rm_layers=0, rm_lr=3e-4, rm_batch_size=64, rollout_batch=512, minibatch_size=128,
+           "smoke": dict(n_reviews=3000, vocab_size=300, n_layer=2, n_embd=64, n_head=2,
+                         block_size=96, max_iters=150, batch_size=32, warmup_iters=10,
+                         eval_interval=50, eval_iters=2, n_samples=16, response_length=40,
+                         n_pairs=600, rm_epochs=2, rm_val_frac=0.25, ppo_iters=3,
+                         rollout_batch=16, minibatch_size=8, ppo_epochs=2, n_eval=16,
+                         kl_horizon=100, save_interval=1),
+           # One H100-class GPU, about 10 minutes for every stage (an estimate: no GPU was
+           # available to measure it). 8 layers x 512 channels (25 M parameters, 27x the default)
+           # in bf16 keep the matrix units busy at batch 64 x 256 tokens; block 256 holds the
+           # longest prompt + 64 response tokens with room to spare. The world grows 5x (about
+           # 24 MB of reviews) so 3000 iterations (49 M tokens, ~7 passes) do not just memorise
+           # it; a larger model wants a smaller lr (nanoGPT's 10 M model uses 1e-3). 30,000
+           # preference pairs and PPO rollouts of 512 (8x) give the reward model and the policy
+           # gradient less noise; kl_horizon grows with the sequences seen so β can still move
+           # about 20 % per horizon.
+           "gpu": dict(n_reviews=200000, n_layer=8, n_head=8, n_embd=512, block_size=256,
+                       dropout=0.0, max_iters=3000, batch_size=64, lr=1e-3, min_lr=1e-4,
+                       warmup_iters=100, eval_interval=250, eval_iters=20, n_samples=500,
+                       dtype="bf16", compile=True, n_pairs=30000, rm_epochs=2, rm_layers=0,
+                       rm_lr=3e-4, rm_batch_size=64, rollout_batch=512, minibatch_size=128,
                        ppo_iters=100, kl_horizon=10000, n_eval=1000, save_interval=20)}
-SKIP = {("GPTConfig", "vocab_size")}        # the model's vocabulary comes from the tokenizer, not a flag
+# The model's vocabulary comes from the tokenizer, not a flag.
+SKIP = {("GPTConfig", "vocab_size")}
 
 
 def fields(groups):
     """(group name, field) for every flag; groups is {name: dataclass}."""
-    return [(g, f) for g, c in groups.items() for f in dataclasses.fields(c) if (c.__name__, f.name) not in SKIP]
+    return [(g, f) for g, c in groups.items() for f in dataclasses.fields(c)
+            if (c.__name__, f.name) not in SKIP]
 
 
 def _convert(f, text):
@@ -96,7 +115,8 @@ def _convert(f, text):
         raise ValueError
     value = {"int": int, "float": float, "str": str}.get(f.type, f.type)(text)
     if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError                                      # nan and inf parse as floats; no field wants them
+        # NaN and inf parse as floats, and no field wants them.
+        raise ValueError
     return value
 
 
@@ -106,12 +126,18 @@ def print_help(doc, groups):
         print(f"{c.__name__}:")
         for _, f in fields({g: c}):
             m = f.metadata
-            rule = f" ({m['rule']})" if m.get("rule") else f" ({'|'.join(m['choices'])})" if m.get("choices") else ""
+            rule = ""
+            if m.get("rule"):
+                rule = f" ({m['rule']})"
+            elif m.get("choices"):
+                rule = f" ({'|'.join(m['choices'])})"
             print(f"  --{f.name}={f.default}{rule}  {m.get('help', '')}".rstrip())
 
 
 def parse_args(argv, groups, doc=""):
-    """--name=value flags -> SimpleNamespace(run=RunConfig(...), ...). Bad input: one line, exit 2."""
+    """--name=value flags -> SimpleNamespace(run=RunConfig(...), ...).
+
+    Bad input: one line, exit 2."""
     by_name = {}
     for g, f in fields(groups):
         assert f.name not in by_name, f"two config fields named {f.name}"
@@ -135,11 +161,16 @@ def parse_args(argv, groups, doc=""):
     preset = values.get("preset", "default")
     if preset not in PRESETS:
         die(f"bad value for --preset: {preset!r} (choose {', '.join(PRESETS)})")
-    values = {**PRESETS[preset], **values}                    # flags win over the preset
+    # Flags win over the preset.
+    values = {**PRESETS[preset], **values}
     if "prompt" in values:
-        values["prompt"] = values["prompt"].replace("\\n", "\n")   # a shell passes \n as two characters
-    cfg = SimpleNamespace(**{g: c(**{f.name: values[f.name] for _, f in fields({g: c}) if f.name in values})
-                             for g, c in groups.items()})
+        # A shell passes \n as two characters.
+        values["prompt"] = values["prompt"].replace("\\n", "\n")
+    made = {}
+    for g, c in groups.items():
+        given = {f.name: values[f.name] for _, f in fields({g: c}) if f.name in values}
+        made[g] = c(**given)
+    cfg = SimpleNamespace(**made)
     for g, f in fields(groups):
         v, m = getattr(getattr(cfg, g), f.name), f.metadata
         if m.get("choices") and v not in m["choices"]:
@@ -155,50 +186,62 @@ def flat(cfg):
 
 
 def check(cfg):
-    """Combinations of values that parse but cannot work: one line, exit 2, before anything is written.
-    (Prompt lengths and corpus size need the tokenizer: train.py checks them once the world exists. What needs
-    another file, batch sizes the torchrun processes share and the --ref kinds a depth allows, train.py's parse
-    checks with dist.check_divisible and ref.check.)"""
+    """Combinations of values that parse but cannot work: one line, exit 2, before anything is
+    written. (Prompt lengths and corpus size need the tokenizer: train.py checks them once the world
+    exists. What needs another file, batch sizes the torchrun processes share and the --ref kinds a
+    depth allows, train.py's parse checks with dist.check_divisible, cheap_ref.check and the
+    like.)"""
     import torch
     run, w, g, r, p = cfg.run, cfg.world, cfg.gpt, cfg.reward, cfg.ppo
     if w.tokenizer == "bpe" and w.vocab_size < 257:
-        die(f"bad value for --vocab_size: {w.vocab_size} (a byte-level BPE needs 256 bytes + end-of-text: >= 257)")
+        die(f"bad value for --vocab_size: {w.vocab_size} (a byte-level BPE needs 256 bytes + "
+            "end-of-text: >= 257)")
     if g.n_embd % g.n_head:
         die(f"--n_embd={g.n_embd} is not divisible by --n_head={g.n_head}")
     if w.n_reviews < 100:
-        die(f"bad value for --n_reviews: {w.n_reviews} (must be >= 100: 5 % are the validation split)")
+        die(f"bad value for --n_reviews: {w.n_reviews} (must be >= 100: 5 % are the validation "
+            "split)")
     n_val = int(r.n_pairs * r.rm_val_frac)
     if n_val < 1 or r.n_pairs - n_val < r.rm_batch_size:
         die(f"--n_pairs={r.n_pairs} with --rm_val_frac={r.rm_val_frac} gives {n_val} held-out and "
-            f"{r.n_pairs - n_val} training pairs: need >= 1 held-out and >= --rm_batch_size={r.rm_batch_size}")
+            f"{r.n_pairs - n_val} training pairs: need >= 1 held-out and "
+            f">= --rm_batch_size={r.rm_batch_size}")
     if run.fresh and run.stage != "all":
-        die(f"--fresh redoes every stage: use it without --stage (--stage={run.stage} alone redoes that stage)")
+        die(f"--fresh redoes every stage: use it without --stage (--stage={run.stage} alone "
+            "redoes that stage)")
     if p.minibatch_size > p.rollout_batch:
-        die(f"--minibatch_size={p.minibatch_size} is larger than --rollout_batch={p.rollout_batch}")
+        die(f"--minibatch_size={p.minibatch_size} is larger than "
+            f"--rollout_batch={p.rollout_batch}")
     if run.response_length + 2 > g.block_size:
-        die(f"--response_length={run.response_length} leaves no room for a prompt in --block_size={g.block_size}")
+        die(f"--response_length={run.response_length} leaves no room for a prompt in "
+            f"--block_size={g.block_size}")
     if run.device == "cuda" and not torch.cuda.is_available():
         die("--device=cuda but torch sees no CUDA device here (use --device=cpu or auto)")
-    run.device = run.device if run.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
+    if run.device == "auto":
+        run.device = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def check_world(cfg, enc, prompts, split_tokens):
-    """What needs the tokenizer, once the world exists: the longest prompt (with its leading end-of-text) plus the
-    response must fit block_size, and every split must hold a window of block_size + 1 tokens."""
+    """What needs the tokenizer, once the world exists: the longest prompt (with its leading
+    end-of-text) plus the response must fit block_size, and every split must hold a window of
+    block_size + 1 tokens."""
     run, block = cfg.run, cfg.gpt.block_size
     n, p = max((len(enc.encode_ordinary(p)) + 1, p) for p in prompts)
     if n + run.response_length > block:
-        raise RunError(f"the prompt {p!r} is {n} tokens (with its end-of-text); with --response_length="
-                       f"{run.response_length} that is {n + run.response_length} > --block_size={block}")
+        raise RunError(f"the prompt {p!r} is {n} tokens (with its end-of-text); with "
+                       f"--response_length={run.response_length} that is "
+                       f"{n + run.response_length} > --block_size={block}")
     for split, tokens in split_tokens.items():
         if tokens <= block + 1:
-            raise RunError(f"the {split} split has {tokens} tokens, too few for windows of --block_size={block} + 1:"
-                           f" raise --n_reviews (now {cfg.world.n_reviews}) and redo with --fresh")
+            raise RunError(f"the {split} split has {tokens} tokens, too few for windows of "
+                           f"--block_size={block} + 1: raise --n_reviews "
+                           f"(now {cfg.world.n_reviews}) and redo with --fresh")
 
 
 def check_once(argv):
     """A flag given twice (--name or --name=value) is refused: one line naming it, exit 2. Which of
-    the two was meant is not for a parser to guess (train.py's flags, ablate.py's and bench.py's)."""
+    the two was meant is not for a parser to guess (train.py's flags, ablate.py's and
+    bench.py's)."""
     names = [a.partition("=")[0] for a in argv]
     if len(set(names)) < len(names):
         die(f"{max(names, key=names.count)} is given twice (give each flag once)")

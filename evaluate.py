@@ -1,14 +1,17 @@
-"""Evaluation: what a policy writes for held-out prompts, what it earns, what it costs; the report and the plot.
+"""Evaluation: what a policy writes for held-out prompts, what it earns, what it costs; the report
+and the plot.
 
-    python train.py --stage=report      # pretrained model vs RLHF actor, side by side -> out/report.md, report.json
-The ppo and report stages and ablate.py all score through `evaluate_policy`, so every row of every table is measured
-the same way: same prompts, same sampling seed, same metrics; the pretrain stage and ablate.py's examples use
-`sample_texts` and `judge_texts`.
-Best-of-k, the pass@k of this world (`best_of_k`): n = --bestofk_n samples for each of n_eval / n held-out prompts
-(spread over the subjects; the same sample budget as the evaluation), and for k = 1, 2, 4, 8, 16 the expected best
-gold score among k of them and pass@k, a pass being a well-formed response with gold above --pass_gold (default
-1.25: the pretrained model, gold 0.69 ± 1.09 and 94.5 % well-formed, passes about 30 % of the time). Both are the
-unbiased estimators over the n samples (Chen et al. 2021): every k-subset of the n counted.
+    python train.py --stage=report      # pretrained model vs RLHF actor, side by side
+                                        # -> out/report.md, report.json
+The ppo and report stages and ablate.py all score through `evaluate_policy`, so every row of every
+table is measured the same way: same prompts, same sampling seed, same metrics; the pretrain stage
+and ablate.py's examples use `sample_texts` and `judge_texts`.
+Best-of-k, the pass@k of this world (`best_of_k`): n = --bestofk_n samples for each of n_eval / n
+held-out prompts (spread over the subjects; the same sample budget as the evaluation), and for
+k = 1, 2, 4, 8, 16 the expected best gold score among k of them and pass@k, a pass being a
+well-formed response with gold above --pass_gold (default 1.25: the pretrained model, gold
+0.69 ± 1.09 and 94.5 % well-formed, passes about 30 % of the time). Both are the unbiased
+estimators over the n samples (Chen et al. 2021): every k-subset of the n counted.
 Left out: confidence intervals, per-token views.
 """
 from dataclasses import dataclass
@@ -33,8 +36,9 @@ class EvalConfig:
     pass_gold: float = arg(1.25, help="pass@k: a pass is a well-formed response with gold above "
                            "this")
 
-REPORT_COLUMNS = ["gold_mean", "gold_std", "proxy_mean", "kl", "wellformed_rate", "distinct_2", "repetition_rate",
-                  "ref_ppl", "eos_rate", "response_length"]
+
+REPORT_COLUMNS = ["gold_mean", "gold_std", "proxy_mean", "kl", "wellformed_rate", "distinct_2",
+                  "repetition_rate", "ref_ppl", "eos_rate", "response_length"]
 
 
 def decode_responses(enc, response):
@@ -62,68 +66,78 @@ def judge_texts(prompts, texts):
     """Gold verdicts: well-formed rate, gold mean and std."""
     verdicts = [data.judge(p, r) for p, r in zip(prompts, texts)]
     gold = np.array([v["score"] for v in verdicts])
-    return dict(wellformed_rate=float(np.mean([v["wellformed"] for v in verdicts])), gold_mean=float(gold.mean()),
-                gold_std=float(gold.std())), verdicts
+    stats = dict(wellformed_rate=float(np.mean([v["wellformed"] for v in verdicts])),
+                 gold_mean=float(gold.mean()), gold_std=float(gold.std()))
+    return stats, verdicts
 
 
 @torch.no_grad()
 def evaluate_policy(model, enc, prompts, run, ref, rm, n, batch=100):
-    """n samples on the given prompts (cycled) and what they cost and earn: gold and proxy score, exact KL to the
-    reference (nats per sequence), fluency (well-formed, perplexity under the reference), diversity (distinct-n,
-    repetition), end-of-text rate. Returns (metrics, [(prompt, text, gold, proxy)])."""
+    """n samples on the given prompts (cycled) and what they cost and earn: gold and proxy score,
+    exact KL to the reference (nats per sequence), fluency (well-formed, perplexity under the
+    reference), diversity (distinct-n, repetition), end-of-text rate. Returns (metrics,
+    [(prompt, text, gold, proxy)])."""
     model.eval()
     prompts = [prompts[i % len(prompts)] for i in range(n)]
     kl, nll, ntok, proxy, texts, eos = [], 0.0, 0, [], [], []
     for i in range(0, n, batch):
-        q, qm = (x.to(run.device) for x in encode_prompts(enc, prompts[i:i + batch]))       # (b, Tp)
+        q, qm = (x.to(run.device) for x in encode_prompts(enc, prompts[i:i + batch]))  # (b, Tp)
         with cast_once(model):
             resp, _ = model.generate(q, run.response_length, run.temperature,
                                      eos=enc.eot_token, mask=qm)  # (b, R)
-        m = response_mask(resp, enc.eot_token)                                                # (b, R)
-        logits = response_logits(model, q, qm, resp, run.temperature)                        # (b, R, V)
-        ref_logits = ref.logits(q, qm, resp, run.temperature)                                 # (b, R, V)
-        kl += (kl_full(logits, ref_logits) * m).sum(1).tolist()                              # per sequence
+        m = response_mask(resp, enc.eot_token)  # (b, R)
+        logits = response_logits(model, q, qm, resp, run.temperature)  # (b, R, V)
+        ref_logits = ref.logits(q, qm, resp, run.temperature)  # (b, R, V)
+        # The KL of each sequence, summed over its real tokens.
+        kl += (kl_full(logits, ref_logits) * m).sum(1).tolist()
         nll, ntok = nll - (token_logprobs(ref_logits, resp) * m).sum().item(), ntok + m.sum().item()
         proxy += reward_score(rm, join_tokens(q, qm, resp, m), enc.eot_token).tolist()
         texts += decode_responses(enc, resp)
         eos += (resp == enc.eot_token).any(1).tolist()
     stats, verdicts = judge_texts(prompts, texts)
     bodies = [t.split(data.EOT)[0] for t in texts]
-    return dict(**stats, proxy_mean=float(np.mean(proxy)), kl=float(np.mean(kl)),
-                distinct_1=data.distinct_n(bodies, 1), distinct_2=data.distinct_n(bodies, 2),
-                repetition_rate=float(np.mean([v["repetition"] for v in verdicts])), ref_ppl=math.exp(nll / ntok),
-                eos_rate=float(np.mean(eos)), response_length=ntok / n), \
-        [(p, t, v["score"], s) for p, t, v, s in zip(prompts, texts, verdicts, proxy)]
+    metrics = dict(**stats, proxy_mean=float(np.mean(proxy)), kl=float(np.mean(kl)),
+                   distinct_1=data.distinct_n(bodies, 1), distinct_2=data.distinct_n(bodies, 2),
+                   repetition_rate=float(np.mean([v["repetition"] for v in verdicts])),
+                   ref_ppl=math.exp(nll / ntok), eos_rate=float(np.mean(eos)),
+                   response_length=ntok / n)
+    examples = [(p, t, v["score"], s) for p, t, v, s in zip(prompts, texts, verdicts, proxy)]
+    return metrics, examples
 
 
 @torch.no_grad()
 def step0_kl(pretrained, ref, enc, prompts, run, rm, n):
-    """Exact KL (nats/sequence) from the pretrained model, i.e. the full fp32 reference, to `ref`, on n samples
-    of the pretrained model on `prompts`: the error a cheap reference adds before any training."""
+    """Exact KL (nats/sequence) from the pretrained model, i.e. the full fp32 reference, to `ref`,
+    on n samples of the pretrained model on `prompts`: the error a cheap reference adds before any
+    training."""
     return evaluate_policy(pretrained, enc, prompts, run, ref, rm, n)[0]["kl"]
 
 
 def expected_best(scores, k):
-    """E[max of k scores drawn without replacement from the n given]: the i-th smallest is the largest of a k-subset
-    in C(i-1, k-1) of the C(n, k) subsets, so Σ_i C(i-1, k-1) / C(n, k) · x_(i) over the sorted scores."""
+    """E[max of k scores drawn without replacement from the n given]: the i-th smallest is the
+    largest of a k-subset in C(i-1, k-1) of the C(n, k) subsets, so
+    Σ_i C(i-1, k-1) / C(n, k) · x_(i) over the sorted scores."""
     x, n = sorted(scores), len(scores)
     return sum(math.comb(i - 1, k - 1) * x[i - 1] for i in range(k, n + 1)) / math.comb(n, k)
 
 
 def pass_at_k(n, c, k):
-    """P(at least one pass among k drawn without replacement from n samples of which c pass): 1 - C(n-c, k)/C(n, k)."""
+    """P(at least one pass among k drawn without replacement from n samples of which c pass):
+    1 - C(n-c, k)/C(n, k)."""
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
 @torch.no_grad()
 def best_of_k(model, enc, prompts, run, n, pass_gold, budget, ks=(1, 2, 4, 8, 16)):
-    """n samples for each of budget // n prompts (at least 1, at most all, spread over the list); for each k <= n the
-    mean over prompts of the expected best gold score of k samples and of pass@k (pass: well-formed with gold >
-    pass_gold). Randomness: torch's global generator."""
+    """n samples for each of budget // n prompts (at least 1, at most all, spread over the list);
+    for each k <= n the mean over prompts of the expected best gold score of k samples and of
+    pass@k (pass: well-formed with gold > pass_gold). Randomness: torch's global generator."""
     m = min(len(prompts), max(1, budget // n))
     prompts = [prompts[i * len(prompts) // m] for i in range(m)]
-    rows = [p for p in prompts for _ in range(n)]                                        # n in a row per prompt
-    verdicts = [data.judge(p, t) for p, t in zip(rows, sample_texts(model, enc, rows, run, batch=256))]
+    # Each prompt n times in a row.
+    rows = [p for p in prompts for _ in range(n)]
+    texts = sample_texts(model, enc, rows, run, batch=256)
+    verdicts = [data.judge(p, t) for p, t in zip(rows, texts)]
     groups = [verdicts[i:i + n] for i in range(0, len(verdicts), n)]
     ks = [k for k in ks if k <= n]
     best = [float(np.mean([expected_best([v["score"] for v in g], k) for g in groups])) for k in ks]
@@ -134,23 +148,26 @@ def best_of_k(model, enc, prompts, run, n, pass_gold, budget, ks=(1, 2, 4, 8, 16
 
 def write_report(path_md, res, samples, n_eval, temperature, timings):
     """report.md: the two policies side by side, a few examples, the seconds per stage."""
-    lines = [f"# tether report ({n_eval} samples on held-out prompts, temperature {temperature})", "",
-             "| metric | pretrained | rlhf |", "|---|---|---|"]
-    lines += [f"| {k} | {res['pretrained'][k]:.3f} | {res['rlhf'][k]:.3f} |" for k in REPORT_COLUMNS]
+    title = f"# tether report ({n_eval} samples on held-out prompts, temperature {temperature})"
+    lines = [title, "", "| metric | pretrained | rlhf |", "|---|---|---|"]
+    lines += [f"| {k} | {res['pretrained'][k]:.3f} | {res['rlhf'][k]:.3f} |"
+              for k in REPORT_COLUMNS]
     lines += ["", "Examples (gold, proxy):", ""]
     for i in range(min(4, n_eval)):
         for name in ("pretrained", "rlhf"):
             p, t, g, s = samples[name][i]
-            lines.append(f"- {name:10s} [{g:+.2f}, {s:+.2f}] {p.strip()} | {t.replace(chr(10), ' / ')}")
+            lines.append(f"- {name:10s} [{g:+.2f}, {s:+.2f}] {p.strip()} | "
+                         f"{t.replace(chr(10), ' / ')}")
     bok = {name: r["bestofk"] for name, r in res.items() if "bestofk" in r}
     if bok:
         b = next(iter(bok.values()))
-        lines += ["", f"Best-of-k on {b['prompts']} held-out prompts x {b['n']} samples: expected best gold of k, and "
-                  f"pass@k (well-formed, gold > {b['pass_gold']}):", "",
-                  "| k | " + " | ".join(f"best {name} | pass {name}" for name in bok) + " |",
-                  "|---|" + "---|---|" * len(bok)]
-        lines += [f"| {k} | " + " | ".join(f"{r['best'][i]:.3f} | {r['pass_at'][i]:.3f}" for r in bok.values()) + " |"
-                  for i, k in enumerate(b["k"])]
+        heading = (f"Best-of-k on {b['prompts']} held-out prompts x {b['n']} samples: expected "
+                   f"best gold of k, and pass@k (well-formed, gold > {b['pass_gold']}):")
+        header = "| k | " + " | ".join(f"best {name} | pass {name}" for name in bok) + " |"
+        lines += ["", heading, "", header, "|---|" + "---|---|" * len(bok)]
+        for i, k in enumerate(b["k"]):
+            cells = " | ".join(f"{r['best'][i]:.3f} | {r['pass_at'][i]:.3f}" for r in bok.values())
+            lines.append(f"| {k} | " + cells + " |")
     lines += ["", "Seconds per stage: " + ", ".join(f"{k} {v}" for k, v in timings.items())]
     text = "\n".join(lines) + "\n"
     store.write_text(path_md, text)
@@ -158,7 +175,8 @@ def write_report(path_md, res, samples, n_eval, temperature, timings):
 
 
 def plot_metrics(rows, png):
-    """Proxy and gold score, and KL to the reference, per PPO iteration (skipped without matplotlib)."""
+    """Proxy and gold score, and KL to the reference, per PPO iteration (skipped without
+    matplotlib)."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -169,20 +187,26 @@ def plot_metrics(rows, png):
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.5))
     a.plot(it, [r["objective/scores"] for r in rows], label="proxy (reward model)")
     a.plot(it, [r["objective/gold"] for r in rows], label="gold (simulated human)")
-    a.set_xlabel("PPO iteration"); a.set_ylabel("score"); a.legend()
+    a.set_xlabel("PPO iteration")
+    a.set_ylabel("score")
+    a.legend()
     b.plot(it, [r["objective/kl"] for r in rows], color="C3")
+    # The rollouts undone by --kl_max: the iterations where the count of rollbacks went up.
     undone = [(r["iter"], r["policy/kl_before_rollback"]) for p, r in zip([{}] + rows, rows)
-              if r.get("policy/rollbacks", 0) > p.get("policy/rollbacks", 0)]      # --kl_max: rollouts undone
+              if r.get("policy/rollbacks", 0) > p.get("policy/rollbacks", 0)]
     if undone:
-        b.scatter(*zip(*undone), color="C1", marker="x", label="rollout above --kl_max (undone)"); b.legend()
-    b.set_xlabel("PPO iteration"); b.set_ylabel("KL(actor ‖ reference), nats/sequence")
+        b.scatter(*zip(*undone), color="C1", marker="x", label="rollout above --kl_max (undone)")
+        b.legend()
+    b.set_xlabel("PPO iteration")
+    b.set_ylabel("KL(actor ‖ reference), nats/sequence")
     fig.tight_layout()
     store.save_figure(fig, png)
     plt.close(fig)
 
 
 def plot_bestofk(curves, png):
-    """Expected best gold of k and pass@k against k, one line per policy: curves {name: best_of_k's dict}."""
+    """Expected best gold of k and pass@k against k, one line per policy: curves {name:
+    best_of_k's dict}."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -194,9 +218,13 @@ def plot_bestofk(curves, png):
         a.plot(c["k"], c["best"], marker="o", label=name)
         b.plot(c["k"], c["pass_at"], marker="o", label=name)
     b.set_ylim(0, 1)
-    for ax, label in ((a, "expected best gold of k"), (b, f"pass@k (well-formed, gold > {c['pass_gold']})")):
-        ax.set_xscale("log", base=2); ax.set_xticks(c["k"], [str(k) for k in c["k"]])
-        ax.set_xlabel("k (samples per prompt)"); ax.set_ylabel(label); ax.legend()
+    pass_label = f"pass@k (well-formed, gold > {c['pass_gold']})"
+    for ax, label in ((a, "expected best gold of k"), (b, pass_label)):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(c["k"], [str(k) for k in c["k"]])
+        ax.set_xlabel("k (samples per prompt)")
+        ax.set_ylabel(label)
+        ax.legend()
     fig.tight_layout()
     store.save_figure(fig, png)
     plt.close(fig)

@@ -1,13 +1,17 @@
-"""The tiny learned reward model: a pretrained GPT trunk plus a scalar head, fit to noisy human preferences.
+"""The tiny learned reward model: a pretrained GPT trunk plus a scalar head, fit to noisy human
+preferences.
 
-Preference data (`make_preferences`, train.py's `preferences` stage): for random training prompts, two responses
-sampled from the pretrained model, labelled by the world's noisy annotator (data.label_pair). The model is trained
-with the Bradley-Terry loss  -log σ(r_chosen - r_rejected)  on the score read at the last real token, in batches of
-pairs of about the same length, then normalised (gain, bias) so that responses of the pretrained policy score mean 0,
-std 1. The critic (ppo.py) is a copy of this model. Run via `python train.py --stage=reward`. Under torchrun each
-rank trains on its share of every batch of pairs (dist.py); the scalar is computed in fp32 even under bf16.
---reward=gold puts the simulated human in its place (`gold_scores`), in the same units: `gold_normaliser` is the
-mean and std of the gold scores of the same pretrained samples (prefs.jsonl).
+Preference data (`make_preferences`, train.py's `preferences` stage): for random training prompts,
+two responses sampled from the pretrained model, labelled by the world's noisy annotator
+(data.label_pair). The model is trained with the Bradley-Terry loss  -log σ(r_chosen - r_rejected)
+on the score read at the last real token, in batches of pairs of about the same length, then
+normalised (gain, bias) so that responses of the pretrained policy score mean 0, std 1. The critic
+(ppo.py) is a copy of this model. Run via `python train.py --stage=reward`. Under torchrun each
+rank trains on its share of every batch of pairs (dist.py); the scalar is computed in fp32 even
+under bf16.
+--reward=gold puts the simulated human in its place (`gold_scores`), in the same units:
+`gold_normaliser` is the mean and std of the gold scores of the same pretrained samples
+(prefs.jsonl).
 Left out: ensembles, margin losses, reward-model uncertainty.
 """
 import copy, random
@@ -27,9 +31,10 @@ from sequences import encode_prompts, join_tokens, pad_left, response_mask
 
 @dataclass
 class RewardConfig:
-    n_pairs: int = arg(12000, ">0", "preference pairs (prompt, two pretrained samples, one noisy label)")
-    rm_layers: int = arg(2, ">=0", "the first blocks of the pretrained trunk that the reward model, and so the "
-                         "critic, keeps (0, or more than --n_layer: all)")
+    n_pairs: int = arg(12000, ">0", "preference pairs (prompt, two pretrained samples, one noisy "
+                       "label)")
+    rm_layers: int = arg(2, ">=0", "the first blocks of the pretrained trunk that the reward "
+                         "model, and so the critic, keeps (0, or more than --n_layer: all)")
     rm_epochs: int = arg(2, ">0")
     rm_lr: float = arg(1e-3, ">0")
     rm_batch_size: int = arg(32, ">0")
@@ -38,14 +43,16 @@ class RewardConfig:
 
 @torch.no_grad()
 def make_preferences(model, enc, prompts, n_pairs, run, batch=500):
-    """n_pairs rows: a random prompt, two responses of the model (text and prompt + response token ids), the
-    annotator's noisy label (0: a preferred) and both gold scores. Randomness: run.seed and torch's generator."""
+    """n_pairs rows: a random prompt, two responses of the model (text and prompt + response token
+    ids), the annotator's noisy label (0: a preferred) and both gold scores. Randomness: run.seed
+    and torch's generator."""
     model.eval()
     rng = random.Random(run.seed)
     chosen = [rng.choice(prompts) for _ in range(n_pairs)]
     rows = []
     for i in range(0, n_pairs, batch):
-        twice = [p for p in chosen[i:i + batch] for _ in range(2)]                   # two samples per prompt
+        # Each prompt twice in a row: two samples per prompt.
+        twice = [p for p in chosen[i:i + batch] for _ in range(2)]
         q, qm = encode_prompts(enc, twice)
         # bf16: each weight cast once for the whole sampling, not once per token.
         with cast_once(model):
@@ -53,23 +60,27 @@ def make_preferences(model, enc, prompts, n_pairs, run, batch=500):
                                      eos=enc.eot_token, mask=qm.to(run.device))
         resp = resp.cpu()
         m = response_mask(resp, enc.eot_token)
-        toks, texts = join_tokens(q, qm, resp, m), [enc.decode(r[k].tolist()) for r, k in zip(resp, m)]
+        toks = join_tokens(q, qm, resp, m)
+        texts = [enc.decode(r[k].tolist()) for r, k in zip(resp, m)]
         for j in range(0, len(twice), 2):
             p, a, b = twice[j], texts[j], texts[j + 1]
-            rows.append(dict(prompt=p, a=a, b=b, label=data.label_pair(p, a, b, rng), gold_a=data.gold_score(p, a),
-                             gold_b=data.gold_score(p, b), tokens_a=toks[j], tokens_b=toks[j + 1]))
+            rows.append(dict(prompt=p, a=a, b=b, label=data.label_pair(p, a, b, rng),
+                             gold_a=data.gold_score(p, a), gold_b=data.gold_score(p, b),
+                             tokens_a=toks[j], tokens_b=toks[j + 1]))
     return rows
 
 
 class ScalarModel(nn.Module):
-    """A scalar per position (B, T): the reward model reads the last one, the critic one per response token.
-    gain and bias are buffers (not trained) so that the normalised score is what every user reads."""
+    """A scalar per position (B, T): the reward model reads the last one, the critic one per
+    response token. gain and bias are buffers (not trained) so that the normalised score is what
+    every user reads."""
 
     def __init__(self, trunk):
         super().__init__()
         self.trunk = trunk
         self.head = nn.Linear(trunk.config.n_embd, 1)
-        nn.init.zeros_(self.head.weight); nn.init.zeros_(self.head.bias)
+        nn.init.zeros_(self.head.weight)
+        nn.init.zeros_(self.head.bias)
         self.register_buffer("gain", torch.tensor(1.0))
         self.register_buffer("bias", torch.tensor(0.0))
 
@@ -77,17 +88,20 @@ class ScalarModel(nn.Module):
         return self.from_hidden(self.trunk.hidden(idx, mask))                     # (B, T)
 
     def from_hidden(self, h):
-        with torch.autocast(h.device.type, enabled=False):    # fp32 even under --dtype=bf16: a bf16 score keeps
-            return self.head(h.float()).squeeze(-1) * self.gain + self.bias   # (B, T)  3 digits and ties pairs
+        # In fp32 even under --dtype=bf16: a bf16 score keeps 3 digits and ties pairs.
+        with torch.autocast(h.device.type, enabled=False):
+            return self.head(h.float()).squeeze(-1) * self.gain + self.bias  # (B, T)
 
 
 def response_values(critic, query, query_mask, response):
-    """The critic's value (B, R) of the state before each response token (the prefix that predicts it)."""
+    """The critic's value (B, R) of the state before each response token (the prefix that
+    predicts it)."""
     return critic.from_hidden(response_hidden(critic.trunk, query, query_mask, response))
 
 
 def from_pretrained(lm, n_layers=0):
-    """A ScalarModel whose trunk is a copy of the language model's first n_layers blocks (0 = all)."""
+    """A ScalarModel whose trunk is a copy of the language model's first n_layers blocks
+    (0 = all)."""
     trunk = copy.deepcopy(lm)
     if 0 < n_layers < len(trunk.blocks):
         trunk.blocks = trunk.blocks[:n_layers]
@@ -96,59 +110,73 @@ def from_pretrained(lm, n_layers=0):
 
 
 def score(model, seqs, pad_id, batch=256):
-    """Scores (N,) of token sequences (prompt + response, lists of ids): the value at the last token."""
+    """Scores (N,) of token sequences (prompt + response, lists of ids): the value at the last
+    token."""
     out = []
     for i in range(0, len(seqs), batch):
-        idx, mask = pad_left(seqs[i:i + batch], pad_id)             # left padding: the last position is real
+        # Left padding: the last position is real.
+        idx, mask = pad_left(seqs[i:i + batch], pad_id)
         dev = next(model.parameters()).device
         out.append(model(idx.to(dev), mask.to(dev))[:, -1])
     return torch.cat(out)
 
 
 def gold_scores(enc, prompts, response):
-    """The simulated human's scores (B,) of responses (B, R) (up to end-of-text) to their prompts (text)."""
-    mask = response_mask(response, enc.eot_token).cpu()                                    # (B, R)
-    return torch.tensor([data.gold_score(p, enc.decode(r[m].tolist()))
-                         for p, r, m in zip(prompts, response.cpu(), mask)], dtype=torch.float64)   # (B,)
+    """The simulated human's scores (B,) of responses (B, R) (up to end-of-text) to their prompts
+    (text)."""
+    mask = response_mask(response, enc.eot_token).cpu()  # (B, R)
+    scores = [data.gold_score(p, enc.decode(r[m].tolist()))
+              for p, r, m in zip(prompts, response.cpu(), mask)]
+    return torch.tensor(scores, dtype=torch.float64)  # (B,)
 
 
 def gold_normaliser(rows):
-    """(mean, std) of the gold scores of prefs.jsonl's rows, both samples of each: the pretrained policy's, the
-    samples the reward model is normalised on, so a normalised gold score is in the reward model's units."""
-    gold = torch.tensor([g for row in rows for g in (row["gold_a"], row["gold_b"])], dtype=torch.float64)
-    return gold.mean().item(), gold.std().clamp(min=1e-6).item()           # std with n - 1, as the reward model's
+    """(mean, std) of the gold scores of prefs.jsonl's rows, both samples of each: the pretrained
+    policy's, the samples the reward model is normalised on, so a normalised gold score is in the
+    reward model's units."""
+    scores = [g for row in rows for g in (row["gold_a"], row["gold_b"])]
+    gold = torch.tensor(scores, dtype=torch.float64)
+    # The std with n - 1, as the reward model's.
+    return gold.mean().item(), gold.std().clamp(min=1e-6).item()
 
 
 def bt_loss(r_chosen, r_rejected):
-    """Bradley-Terry negative log-likelihood of the labels: -log σ(r_chosen - r_rejected), batch mean."""
+    """Bradley-Terry negative log-likelihood of the labels: -log σ(r_chosen - r_rejected), batch
+    mean."""
     return -F.logsigmoid(r_chosen - r_rejected).mean()
 
 
 def train_reward_model(lm, pairs, cfg, pad_id, seed=0, log=print):
-    """pairs: list of dicts with token lists `chosen`, `rejected` and gold scores `gold_chosen`, `gold_rejected`.
-    Returns (ScalarModel, stats) with held-out accuracy against the noisy labels and against the gold order."""
+    """pairs: list of dicts with token lists `chosen`, `rejected` and gold scores `gold_chosen`,
+    `gold_rejected`. Returns (ScalarModel, stats) with held-out accuracy against the noisy labels
+    and against the gold order."""
     rng = np.random.default_rng(seed)
     order = rng.permutation(len(pairs))
     n_val = max(1, int(len(pairs) * cfg.rm_val_frac))
     val, tr = [pairs[i] for i in order[:n_val]], [pairs[i] for i in order[n_val:]]
     rm = from_pretrained(lm, cfg.rm_layers)
-    dist.seed_rank(seed)                                    # torchrun: each rank its own dropout
+    # Under torchrun each rank draws its own dropout.
+    dist.seed_rank(seed)
     rm.train()
     opt = adamw(rm.parameters(), cfg.rm_lr, weight_decay=0.0)
     steps = cfg.rm_epochs * ((len(tr) + cfg.rm_batch_size - 1) // cfg.rm_batch_size)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 - s / max(1, steps))   # linear decay
+    # The learning rate decays linearly.
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 - s / max(1, steps))
     guard = StepGuard("reward model training")
     longest = np.array([max(len(p["chosen"]), len(p["rejected"])) for p in tr])
     for epoch in range(cfg.rm_epochs):
-        # batches of pairs of about the same length (little padding), in random order; ties broken at random
+        # Batches of pairs of about the same length (little padding), in random order; ties are
+        # broken at random.
         perm = rng.permutation(len(tr))
         perm = perm[np.argsort(longest[perm], kind="stable")]
         batches = [perm[i:i + cfg.rm_batch_size] for i in range(0, len(tr), cfg.rm_batch_size)]
         losses = []
         for b in rng.permutation(len(batches)):
-            if len(batches[b]) < dist.world():              # torchrun: a share for every rank, or no step anywhere
+            # Under torchrun: a share for every rank, or no step anywhere.
+            if len(batches[b]) < dist.world():
                 continue
-            mb = [tr[j] for j in batches[b][dist.rank()::dist.world()]]        # torchrun: this rank's share
+            # Under torchrun: this rank's share.
+            mb = [tr[j] for j in batches[b][dist.rank()::dist.world()]]
             r = score(rm, [p["chosen"] for p in mb] + [p["rejected"] for p in mb], pad_id)   # (2b,)
             loss = bt_loss(r[:len(mb)], r[len(mb):])
             guard.backward_and_step(loss, opt, list(rm.parameters()), 1.0)
@@ -159,25 +187,30 @@ def train_reward_model(lm, pairs, cfg, pad_id, seed=0, log=print):
     with torch.no_grad():
         rc = score(rm, [p["chosen"] for p in val], pad_id)
         rr = score(rm, [p["rejected"] for p in val], pad_id)
-        gold_diff = torch.tensor([p["gold_chosen"] - p["gold_rejected"] for p in val], device=rc.device)
+        diffs = [p["gold_chosen"] - p["gold_rejected"] for p in val]
+        gold_diff = torch.tensor(diffs, device=rc.device)
         decided = gold_diff != 0
         all_scores = score(rm, [s for p in pairs for s in (p["chosen"], p["rejected"])], pad_id)
-    rm.gain.fill_(1.0 / all_scores.std().clamp(min=1e-6).item())          # normalise on the pretrained policy
+    # Normalise on the pretrained policy's samples.
+    rm.gain.fill_(1.0 / all_scores.std().clamp(min=1e-6).item())
     rm.bias.fill_(-all_scores.mean().item() * rm.gain.item())
+    agree = [(p["gold_chosen"] > p["gold_rejected"]) for p in pairs
+             if p["gold_chosen"] != p["gold_rejected"]]
     stats = dict(n_train=len(tr), n_val=len(val), val_loss=bt_loss(rc, rr).item(),
                  acc_noisy=(rc > rr).float().mean().item(), skipped_updates=guard.skipped,
                  acc_gold=((rc - rr)[decided] * gold_diff[decided] > 0).float().mean().item(),
-                 annotator_agreement=float(np.mean([(p["gold_chosen"] > p["gold_rejected"]) for p in pairs
-                                                    if p["gold_chosen"] != p["gold_rejected"]])))
+                 annotator_agreement=float(np.mean(agree)))
     return rm, stats
 
 
 def save_scalar_model(model, path, **extra):
-    store.save_torch({"config": asdict(model.trunk.config), "model": model.state_dict(), **extra}, path)
+    ckpt = {"config": asdict(model.trunk.config), "model": model.state_dict(), **extra}
+    store.save_torch(ckpt, path)
 
 
 def load_scalar_model(path, device="cpu"):
-    ckpt = store.load_torch(path)                                   # on the CPU, then moved once
+    # On the CPU, then moved once.
+    ckpt = store.load_torch(path)
     model = ScalarModel(GPT(GPTConfig(**ckpt["config"])))
     model.load_state_dict(ckpt["model"])
     return model.to(device).eval(), ckpt

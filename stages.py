@@ -1,13 +1,16 @@
-"""The stages of RLHF, from an empty folder to a report, and the table that says what each reads and writes.
+"""The stages of RLHF, from an empty folder to a report, and the table that says what each reads
+and writes.
 
-    python train.py                      # runs them: train.py is the driver (flags, checks, which stages to run)
-    python train.py --stage=pretrain     # one stage
-Each stage is a function `stage_NAME(cfg, stamp)` that reads its inputs from out_dir and writes its outputs there:
-world, pretrain, reference, preferences, reward, ppo (`run_ppo`, used by ablate.py too; the loop is ppo.train_ppo),
-report, and the read-only sample and inspect (inspect_page.py). The stage table is STAGES, at the bottom: each
-stage's input and output files and the config fields that shape its outputs; `stamp` is what a stage's outputs are
-made from, which train.py records in stages.json and compares on the next run.
-Lines marked `# torchrun` are the only ones a single process skips past (dist.py).
+    python train.py                   # runs them: train.py is the driver (flags, checks, which
+                                      # stages to run)
+    python train.py --stage=pretrain  # one stage
+Each stage is a function `stage_NAME(cfg, stamp)` that reads its inputs from out_dir and writes its
+outputs there: world, pretrain, reference, preferences, reward, ppo (`run_ppo`, used by ablate.py
+too; the loop is ppo.train_ppo), report, and the read-only sample and inspect (inspect_page.py).
+The stage table is STAGES, at the bottom: each stage's input and output files and the config fields
+that shape its outputs; `stamp` is what a stage's outputs are made from, which train.py records in
+stages.json and compares on the next run.
+Lines under a `# torchrun` comment are the only ones a single process skips past (dist.py).
 Left out: resuming the preferences and reward stages half way.
 """
 import ast, copy, importlib.util, os, random, shutil
@@ -45,7 +48,8 @@ def path(cfg, name):
 
 
 def load_timings(cfg, notes=None):
-    """timings.json, {stage: seconds}; {} when it is missing, or damaged (a line in `notes` says so)."""
+    """timings.json, {stage: seconds}; {} when it is missing, or damaged (a line in `notes` says
+    so)."""
     p = path(cfg, "timings.json")
     if not os.path.exists(p):
         return {}
@@ -60,13 +64,14 @@ def load_timings(cfg, notes=None):
 
 
 # ---- stage: world ----
-ASIDE = "world.new"         # the world is built in this folder of out_dir, checked, then moved into place
+# The world is built in this folder of out_dir, checked, then moved into place.
+ASIDE = "world.new"
 
 
 def build_world_aside(cfg):
-    """The world, built in out_dir/world.new/ and checked there (config.check_world: every prompt and both splits
-    fit --block_size). A world that does not fit stops the run before anything in out_dir is touched, so
-    train.py calls this before it removes any output."""
+    """The world, built in out_dir/world.new/ and checked there (config.check_world: every prompt
+    and both splits fit --block_size). A world that does not fit stops the run before anything in
+    out_dir is touched, so train.py calls this before it removes any output."""
     w, aside = cfg.world, path(cfg, ASIDE)
     shutil.rmtree(aside, ignore_errors=True)
     s = data.build_world(aside, seed=cfg.run.seed, n_reviews=w.n_reviews, vocab_size=w.vocab_size,
@@ -81,7 +86,8 @@ def build_world_aside(cfg):
 
 
 def stage_world(cfg, stamp):
-    """The world built aside (build_world_aside; built now if it is not there) moved into out_dir."""
+    """The world built aside (build_world_aside; built now if it is not there) moved into
+    out_dir."""
     aside = path(cfg, ASIDE)
     if not os.path.isdir(aside):
         build_world_aside(cfg)
@@ -121,10 +127,12 @@ def stage_pretrain(cfg, stamp):
 
 # ---- stage: reference ----
 def stage_reference(cfg, stamp):
-    """π_ref is the pretrained model, frozen: saved once, loaded by every PPO run, compared bit for bit after."""
+    """π_ref is the pretrained model, frozen: saved once, loaded by every PPO run, compared bit for
+    bit after."""
     model, _ = load_checkpoint(path(cfg, "pretrain.pt"))
     save_checkpoint(model, path(cfg, "ref.pt"))
-    print(f"reference: frozen copy of the pretrained model ({model.num_params() / 1e6:.2f}M parameters) -> ref.pt")
+    print(f"reference: frozen copy of the pretrained model ({model.num_params() / 1e6:.2f}M "
+          "parameters) -> ref.pt")
 
 
 # ---- stage: preferences ----
@@ -132,12 +140,14 @@ def stage_preferences(cfg, stamp):
     run = cfg.run
     enc = tokenizer.load_tokenizer(run.out_dir, cfg.world.tokenizer)
     model, _ = load_checkpoint(path(cfg, "pretrain.pt"), run.device)
-    rows = make_preferences(model, enc, data.load_prompts(run.out_dir)["train"], cfg.reward.n_pairs, run)
+    prompts = data.load_prompts(run.out_dir)["train"]
+    rows = make_preferences(model, enc, prompts, cfg.reward.n_pairs, run)
     store.save_json(path(cfg, "prefs.jsonl"), rows, lines=True)
     decided = [r for r in rows if r["gold_a"] != r["gold_b"]]
-    agree = np.mean([(r["label"] == 0) == (r["gold_a"] > r["gold_b"]) for r in decided]) if decided else float("nan")
-    print(f"preferences: {len(rows)} pairs; the annotator agrees with the gold order on {agree:.1%} of "
-          f"{len(decided)} pairs with distinct gold scores")
+    agrees = [(r["label"] == 0) == (r["gold_a"] > r["gold_b"]) for r in decided]
+    agree = np.mean(agrees) if decided else float("nan")
+    print(f"preferences: {len(rows)} pairs; the annotator agrees with the gold order on "
+          f"{agree:.1%} of {len(decided)} pairs with distinct gold scores")
 
 
 # ---- stage: reward ----
@@ -145,23 +155,33 @@ def stage_reward(cfg, stamp):
     run = cfg.run
     enc = tokenizer.load_tokenizer(run.out_dir, cfg.world.tokenizer)
     lm, _ = load_checkpoint(path(cfg, "pretrain.pt"), run.device)
-    rows = store.load_json(path(cfg, "prefs.jsonl"), lines=True)        # stages.json vouches for its n_pairs
-    pairs = [dict(chosen=r["tokens_a"], rejected=r["tokens_b"], gold_chosen=r["gold_a"], gold_rejected=r["gold_b"])
-             if r["label"] == 0 else dict(chosen=r["tokens_b"], rejected=r["tokens_a"], gold_chosen=r["gold_b"],
-                                          gold_rejected=r["gold_a"]) for r in rows]
+    # stages.json vouches for its n_pairs.
+    rows = store.load_json(path(cfg, "prefs.jsonl"), lines=True)
+    # Each pair with the response the annotator chose first.
+    pairs = []
+    for r in rows:
+        if r["label"] == 0:
+            pair = dict(chosen=r["tokens_a"], rejected=r["tokens_b"], gold_chosen=r["gold_a"],
+                        gold_rejected=r["gold_b"])
+        else:
+            pair = dict(chosen=r["tokens_b"], rejected=r["tokens_a"], gold_chosen=r["gold_b"],
+                        gold_rejected=r["gold_a"])
+        pairs.append(pair)
     rm, stats = train_reward_model(lm, pairs, cfg.reward, enc.eot_token, seed=run.seed)
-    if not dist.is_main():                                              # torchrun: rank 0 writes
+    # torchrun: rank 0 writes.
+    if not dist.is_main():
         return
     save_scalar_model(rm, path(cfg, "reward.pt"))
     store.save_json(path(cfg, "reward.json"), stats)
     print(f"reward model: held-out accuracy {stats['acc_noisy']:.1%} against the noisy labels, "
-          f"{stats['acc_gold']:.1%} against the gold order ({stats['n_val']} pairs; the annotator itself agrees "
-          f"with gold on {stats['annotator_agreement']:.1%})")
+          f"{stats['acc_gold']:.1%} against the gold order ({stats['n_val']} pairs; the annotator "
+          f"itself agrees with gold on {stats['annotator_agreement']:.1%})")
 
 
 # ---- stage: ppo (the loop is ppo.train_ppo) ----
 def load_models(base, device):
-    """The pretrained actor, the frozen reference and the reward model (no gradients) of a run folder."""
+    """The pretrained actor, the frozen reference and the reward model (no gradients) of a run
+    folder."""
     models = ("pretrain.pt", "ref.pt", "reward.pt")
     missing = [n for n in models if not os.path.isfile(os.path.join(base, n))]
     if missing:
@@ -173,62 +193,82 @@ def load_models(base, device):
 
 
 def run_ppo(cfg, base, run_dir, stamp, log=say):
-    """PPO from base's pretrained model, reference and reward model; writes into run_dir actor.pt, metrics.jsonl,
-    ppo.json (final evaluation, with the stamp it was made under) and ppo.png. Used by ablate.py too."""
+    """PPO from base's pretrained model, reference and reward model; writes into run_dir actor.pt,
+    metrics.jsonl, ppo.json (final evaluation, with the stamp it was made under) and ppo.png. Used
+    by ablate.py too."""
     run = cfg.run
     os.makedirs(run_dir, exist_ok=True)
     enc = tokenizer.load_tokenizer(base, cfg.world.tokenizer)
     prompts = data.load_prompts(base)
     actor, ref, rm = load_models(base, run.device)
-    actor, ref = cheap_ref.make_reference(actor, ref.model, cfg.ref)      # --ref=full: the same two models
+    # With --ref=full these are the same two models.
+    actor, ref = cheap_ref.make_reference(actor, ref.model, cfg.ref)
     memory = cheap_ref.memory_bytes(actor, ref)
-    critic = copy.deepcopy(rm).requires_grad_(True) if cfg.ppo.advantage == "gae" else None   # starts as the rm
-    gold_norm = gold_normaliser(store.load_json(os.path.join(base, "prefs.jsonl"), lines=True))   # pretrained samples
-    metrics, beta = train_ppo(actor, critic, ref, rm, enc, prompts["train"], cfg, run_dir, stamp, log, gold_norm)
-    if not dist.is_main():                                           # torchrun: rank 0 evaluates and writes
+    # The critic starts as the reward model.
+    critic = copy.deepcopy(rm).requires_grad_(True) if cfg.ppo.advantage == "gae" else None
+    # The gold scores' normaliser, from the pretrained model's samples.
+    gold_norm = gold_normaliser(store.load_json(os.path.join(base, "prefs.jsonl"), lines=True))
+    metrics, beta = train_ppo(actor, critic, ref, rm, enc, prompts["train"], cfg, run_dir, stamp,
+                              log, gold_norm)
+    # torchrun: rank 0 evaluates and writes.
+    if not dist.is_main():
         return None
-    save_checkpoint(cheap_ref.plain_actor(actor), os.path.join(run_dir, "actor.pt"))    # lora: adapters merged
-    store.remove(os.path.join(run_dir, "critic.pt"))                 # grpo, rloo: none (and no stale one)
+    # With --ref=lora the adapters are merged.
+    save_checkpoint(cheap_ref.plain_actor(actor), os.path.join(run_dir, "actor.pt"))
+    # grpo and rloo have no critic (and leave no stale one).
+    store.remove(os.path.join(run_dir, "critic.pt"))
     if critic is not None:
-        save_scalar_model(critic, os.path.join(run_dir, "critic.pt"))    # the inspect page's per-token advantages
+        # The inspect page's per-token advantages.
+        save_scalar_model(critic, os.path.join(run_dir, "critic.pt"))
     full_ref = Reference(load_checkpoint(os.path.join(base, "ref.pt"), run.device)[0])
     unchanged = cheap_ref.unchanged(ref, full_ref.model, cfg.ref)
     seed_everything(run.seed + 1)
-    final, _ = evaluate_policy(actor, enc, prompts["heldout"], run, full_ref, rm, cfg.eval.n_eval)  # KL to full ref
+    # The KL is to the full reference.
+    final, _ = evaluate_policy(actor, enc, prompts["heldout"], run, full_ref, rm, cfg.eval.n_eval)
     summary = dict(final=final, reference_unchanged=unchanged, kl_coef_final=beta, stamp=stamp,
-                   skipped_updates=metrics[-1]["policy/skipped_updates"], seconds=metrics[-1]["time/elapsed"])
-    seed_everything(run.seed + 2)                                   # n samples per held-out prompt
-    summary.update(bestofk=best_of_k(actor, enc, prompts["heldout"], run, cfg.eval.bestofk_n, cfg.eval.pass_gold,
-                                     cfg.eval.n_eval),
-                   gold_norm=dict(mean=gold_norm[0], std=gold_norm[1]),
-                   entropy=float(np.mean([r["objective/entropy"] for r in metrics[-10:]])),    # the last 10 iters
-                   critic_bytes=0 if critic is None else 16 * sum(p.numel() for p in critic.parameters()))
-    own, step0 = final["kl"], 0.0                                   # full: the same model; exact: 0 at step 0,
-    if cfg.ref.ref != "full":                                        # checked at the first rollout
-        seed_everything(run.seed + 1)                               # the same samples, scored by the run's ref
-        own = evaluate_policy(actor, enc, prompts["heldout"], run, ref, rm, cfg.eval.n_eval)[0]["kl"]
+                   skipped_updates=metrics[-1]["policy/skipped_updates"],
+                   seconds=metrics[-1]["time/elapsed"])
+    # n samples per held-out prompt.
+    seed_everything(run.seed + 2)
+    summary.update(
+        bestofk=best_of_k(actor, enc, prompts["heldout"], run, cfg.eval.bestofk_n,
+                          cfg.eval.pass_gold, cfg.eval.n_eval),
+        gold_norm=dict(mean=gold_norm[0], std=gold_norm[1]),
+        # The entropy over the last 10 iterations.
+        entropy=float(np.mean([r["objective/entropy"] for r in metrics[-10:]])),
+        critic_bytes=0 if critic is None else 16 * sum(p.numel() for p in critic.parameters()))
+    # With --ref=full the run's own reference is the full one, so its KL is final's; an exact
+    # reference's KL at step 0 is 0, checked at the first rollout.
+    own, step0 = final["kl"], 0.0
+    if cfg.ref.ref != "full":
+        # The same samples, scored by the run's ref.
+        seed_everything(run.seed + 1)
+        own = evaluate_policy(actor, enc, prompts["heldout"], run, ref, rm,
+                              cfg.eval.n_eval)[0]["kl"]
     if not ref.exact:
         seed_everything(run.seed + 1)
-        step0 = step0_kl(load_checkpoint(os.path.join(base, "pretrain.pt"), run.device)[0], ref, enc,
-                              prompts["heldout"], run, rm, cfg.eval.n_eval)
+        step0 = step0_kl(load_checkpoint(os.path.join(base, "pretrain.pt"), run.device)[0], ref,
+                         enc, prompts["heldout"], run, rm, cfg.eval.n_eval)
     summary["ref"] = dict(kind=cfg.ref.ref, bytes=memory["ref"], actor_bytes=memory["actor"],
                           trainable_bytes=memory["trainable"], kl_step0=step0, kl_own_ref=own,
                           seconds_per_iter=metrics[-1]["time/elapsed"] / len(metrics),
                           rollbacks=metrics[-1]["policy/rollbacks"])
     store.save_json(os.path.join(run_dir, "ppo.json"), summary)
     plot_metrics(metrics, os.path.join(run_dir, "ppo.png"))
-    store.remove(os.path.join(run_dir, "ppo_state.pt"))             # finished: ppo.json is the record
+    # Finished: ppo.json is the record.
+    store.remove(os.path.join(run_dir, "ppo_state.pt"))
     return summary
 
 
 def stage_ppo(cfg, stamp):
     s = run_ppo(cfg, cfg.run.out_dir, cfg.run.out_dir, stamp)
-    if s is None:                                                     # torchrun: a rank other than 0
+    # torchrun: a rank other than 0.
+    if s is None:
         return
     f = s["final"]
-    print(f"ppo: held-out gold {f['gold_mean']:+.2f}, proxy {f['proxy_mean']:+.2f}, KL to reference "
-          f"{f['kl']:.2f} nats, well-formed {f['wellformed_rate']:.0%}; reference unchanged: "
-          f"{s['reference_unchanged']}")
+    print(f"ppo: held-out gold {f['gold_mean']:+.2f}, proxy {f['proxy_mean']:+.2f}, KL to "
+          f"reference {f['kl']:.2f} nats, well-formed {f['wellformed_rate']:.0%}; reference "
+          f"unchanged: {s['reference_unchanged']}")
 
 
 # ---- stage: report ----
@@ -240,14 +280,17 @@ def stage_report(cfg, stamp):
     heldout = data.load_prompts(run.out_dir)["heldout"]
     res, samples = {}, {}
     for name, model in (("pretrained", pre), ("rlhf", rlhf)):
-        seed_everything(run.seed + 1)                                 # same prompts, same sampling noise
-        res[name], samples[name] = evaluate_policy(model, enc, heldout, run, ref, rm, cfg.eval.n_eval)
+        # The same prompts, the same sampling noise.
+        seed_everything(run.seed + 1)
+        res[name], samples[name] = evaluate_policy(model, enc, heldout, run, ref, rm,
+                                                   cfg.eval.n_eval)
         seed_everything(run.seed + 2)
-        res[name]["bestofk"] = best_of_k(model, enc, heldout, run, cfg.eval.bestofk_n, cfg.eval.pass_gold,
-                                         cfg.eval.n_eval)
+        res[name]["bestofk"] = best_of_k(model, enc, heldout, run, cfg.eval.bestofk_n,
+                                         cfg.eval.pass_gold, cfg.eval.n_eval)
     plot_bestofk({name: r["bestofk"] for name, r in res.items()}, path(cfg, "bestofk.png"))
     timings = load_timings(cfg)
-    print(write_report(path(cfg, "report.md"), res, samples, cfg.eval.n_eval, run.temperature, timings))
+    print(write_report(path(cfg, "report.md"), res, samples, cfg.eval.n_eval, run.temperature,
+                       timings))
     store.save_json(path(cfg, "report.json"), dict(res, seconds=timings))
 
 
@@ -261,15 +304,17 @@ def stage_sample(cfg, stamp):
         print(f"[gold {data.gold_score(p, r):+.2f}] {p.strip()} | {r}")
 
 
-# ---- the stage table: what each stage reads, writes, and which config fields shape its outputs ----
+# ---- the stage table: what each stage reads, writes, and which config fields shape its outputs
 Stage = namedtuple("Stage", "name fn inputs outputs fields partial code")
+
+
 def _names(*groups):
     return [f.name for g in groups for _, f in fields({"g": g})]
 
 
-
 _SAMPLING = ["seed", "temperature", "response_length", "dtype"]
-WORLD = ["world.json", "train.txt", "val.txt", "train.bin", "val.bin", "tokenizer.bpe", "prompts.json"]
+WORLD = ["world.json", "train.txt", "val.txt", "train.bin", "val.bin", "tokenizer.bpe",
+         "prompts.json"]
 TOK = ["tokenizer.bpe", "prompts.json"]
 # The code each stage runs: project files, and functions of this file ("stages.py:NAME"). A stage
 # is redone when one of them changes (comments, docstrings and layout aside); config.py and
@@ -307,13 +352,15 @@ STAGES = [
           _EVAL + ["stages.py:load_models", "stages.py:stage_report"]),
 ]
 SAMPLE = Stage("sample", stage_sample, ["actor.pt"] + TOK, [], [], None, [])
-INSPECT = Stage("inspect", stage_inspect, ["pretrain.pt", "ref.pt", "reward.pt"] + TOK, [], [], None, [])
+INSPECT = Stage("inspect", stage_inspect, ["pretrain.pt", "ref.pt", "reward.pt"] + TOK, [], [],
+                None, [])
 BY_NAME = {s.name: s for s in STAGES + [SAMPLE, INSPECT]}
 
 
 def files(cfg, names):
-    """A stage's files under this config: gpt2's tokenizer is tiktoken's own (no tokenizer.bpe), only PPO with a
-    critic (--advantage=gae) leaves critic.pt, and plots are drawn only where matplotlib is installed."""
+    """A stage's files under this config: gpt2's tokenizer is tiktoken's own (no tokenizer.bpe),
+    only PPO with a critic (--advantage=gae) leaves critic.pt, and plots are drawn only where
+    matplotlib is installed."""
     plots = importlib.util.find_spec("matplotlib") is not None
     out = []
     for n in names:
@@ -330,12 +377,14 @@ def files(cfg, names):
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
 
-_DIGESTS = {}       # (file, its mtime and size, function or "") -> hash: each file parsed once while unchanged
+# (file, its mtime and size, function or "") -> hash: each file parsed once while unchanged.
+_DIGESTS = {}
 
 
 def code_of(st, root=ROOT):
-    """{piece: hash} of the code stage `st` runs (its `code` list), read from the project in `root`: a file's
-    parsed tree, or one function's of this file (store.code_digest: comments, docstrings and layout aside)."""
+    """{piece: hash} of the code stage `st` runs (its `code` list), read from the project in `root`:
+    a file's parsed tree, or one function's of this file (store.code_digest: comments, docstrings
+    and layout aside)."""
     out = {}
     for piece in st.code:
         name, _, fn = piece.partition(":")
@@ -352,21 +401,28 @@ def code_of(st, root=ROOT):
 
 
 def stamp(cfg, st):
-    """What a stage's outputs are made from: its config fields, the hashes of its input files and of its code."""
-    groups = {g: type(c) for g, c in vars(cfg).items()}            # train.GROUPS, as parsed
-    values = {f.name: getattr(getattr(cfg, g), f.name) for g, f in fields(groups) if f.name in st.fields}
-    defaults = {f.name: f.default for g, f in fields(groups) if f.name in st.fields}    # the code's, not a preset's
-    return dict(config=values, inputs={n: store.file_hash(path(cfg, n)) for n in files(cfg, st.inputs)},
-                defaults=defaults, code=code_of(st))
+    """What a stage's outputs are made from: its config fields, the hashes of its input files and of
+    its code."""
+    # train.GROUPS, as parsed.
+    groups = {g: type(c) for g, c in vars(cfg).items()}
+    values = {f.name: getattr(getattr(cfg, g), f.name) for g, f in fields(groups)
+              if f.name in st.fields}
+    # The code's defaults, not a preset's.
+    defaults = {f.name: f.default for g, f in fields(groups) if f.name in st.fields}
+    inputs = {n: store.file_hash(path(cfg, n)) for n in files(cfg, st.inputs)}
+    return dict(config=values, inputs=inputs, defaults=defaults, code=code_of(st))
 
 
 def world_ok(cfg, corpus=True, folder=None):
-    """config.check_world with the world's tokenizer, prompts (and --prompt) and token files, in out_dir or in
-    `folder` (a world built aside)."""
+    """config.check_world with the world's tokenizer, prompts (and --prompt) and token files, in
+    out_dir or in `folder` (a world built aside)."""
     folder = folder or cfg.run.out_dir
     enc = tokenizer.load_tokenizer(folder, cfg.world.tokenizer)
-    prompts = sum(data.load_prompts(folder).values(), []) + ([cfg.run.prompt] if cfg.run.prompt else [])
+    prompts = sum(data.load_prompts(folder).values(), [])
+    if cfg.run.prompt:
+        prompts = prompts + [cfg.run.prompt]
     sizes = {}
     if corpus:
-        sizes = {s: os.path.getsize(os.path.join(folder, f"{s}.bin")) // 2 for s in ("train", "val")}
+        sizes = {s: os.path.getsize(os.path.join(folder, f"{s}.bin")) // 2
+                 for s in ("train", "val")}
     check_world(cfg, enc, prompts, sizes)

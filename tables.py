@@ -1,11 +1,14 @@
 """The ablation's statistics, tables and plots: what ablate.py writes once its runs are done.
 
-    python ablate.py --suite=core        # runs the conditions (ablate.py), then writes these into out/ablate/
-`bootstrap_ci` is the percentile bootstrap interval of a mean over seeds; `paired_ci` the interval of a condition
-minus the baseline condition, paired by seed; `verdict` says "not separated" where that interval holds 0.
-`summarise` (results.md), `ref_table` (the cheap-reference table), `beta_table` (β over the run) and `plot`
-(scores.png, frontier.png, beta.png) read ablate.py's rows (one per condition and seed, results.jsonl) and, for the
-curves, each run's metrics.jsonl in the folder `run_dir(condition, seed)` ablate.py names.
+    python ablate.py --suite=core        # runs the conditions (ablate.py), then writes these
+                                         # into out/ablate/
+`bootstrap_ci` is the percentile bootstrap interval of a mean over seeds; `paired_ci` the interval
+of a condition minus the baseline condition, paired by seed; `verdict` says "not separated" where
+that interval holds 0.
+`summarise` (results.md), `ref_table` (the cheap-reference table), `beta_table` (β over the run)
+and `plot` (scores.png, frontier.png, beta.png) read ablate.py's rows (one per condition and seed,
+results.jsonl) and, for the curves, each run's metrics.jsonl in the folder `run_dir(condition,
+seed)` ablate.py names.
 Left out: corrections for many comparisons, intervals for the curves.
 """
 import json, os
@@ -13,30 +16,38 @@ import numpy as np
 
 import store
 
-DEFAULT_CONDITION = "adaptive"  # the paired comparisons are against this row (the main run's settings)
-COLUMNS = ["proxy_mean", "gold_mean", "kl", "ref_ppl", "distinct_1", "distinct_2", "repetition_rate",
-           "wellformed_rate", "eos_rate", "seconds"]
+# The paired comparisons are against this row (the main run's settings).
+DEFAULT_CONDITION = "adaptive"
+COLUMNS = ["proxy_mean", "gold_mean", "kl", "ref_ppl", "distinct_1", "distinct_2",
+           "repetition_rate", "wellformed_rate", "eos_rate", "seconds"]
+
+
 def verifiable_columns(k):
-    """The verifiable suite's columns: variety and best-of-k (k the largest evaluated) next to gold, and what the
-    critic costs (s_per_iter, critic_mb); and the columns its paired differences show."""
-    return (["gold_mean", "proxy_mean", "kl", "wellformed_rate", "distinct_2", "entropy", f"best_{k}", "pass_1",
-             f"pass_{k}", "s_per_iter", "critic_mb"],
-            ("gold_mean", "kl", "wellformed_rate", "distinct_2", "entropy", f"best_{k}", "pass_1", f"pass_{k}",
-             "s_per_iter"))
+    """The verifiable suite's columns: variety and best-of-k (k the largest evaluated) next to gold,
+    and what the critic costs (s_per_iter, critic_mb); and the columns its paired differences
+    show."""
+    return (["gold_mean", "proxy_mean", "kl", "wellformed_rate", "distinct_2", "entropy",
+             f"best_{k}", "pass_1", f"pass_{k}", "s_per_iter", "critic_mb"],
+            ("gold_mean", "kl", "wellformed_rate", "distinct_2", "entropy", f"best_{k}", "pass_1",
+             f"pass_{k}", "s_per_iter"))
 
 
 def bootstrap_ci(x, level=0.95, n_boot=10000, seed=0):
-    """(mean, low, high): the percentile bootstrap interval of the mean of x, resampled with replacement with a
-    fixed RNG seed, so a table is reproducible. With 3 seeds it is coarse (10 distinct resampled means): honest."""
+    """(mean, low, high): the percentile bootstrap interval of the mean of x, resampled with
+    replacement with a fixed RNG seed, so a table is reproducible. With 3 seeds it is coarse (10
+    distinct resampled means): honest."""
     x = np.asarray(x, dtype=float)
-    means = x[np.random.default_rng(seed).integers(0, len(x), (n_boot, len(x)))].mean(1)   # (n_boot,)
+    n = len(x)
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, n, (n_boot, n))  # (n_boot, n)
+    means = x[picks].mean(1)  # (n_boot,)
     lo, hi = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
     return float(x.mean()), float(lo), float(hi)
 
 
 def paired_ci(rows, cond, base, col):
-    """The bootstrap interval of cond - base in column col over the seeds both have (paired: same seed, same
-    prompts, same first rollout). None below 2 shared seeds."""
+    """The bootstrap interval of cond - base in column col over the seeds both have (paired: same
+    seed, same prompts, same first rollout). None below 2 shared seeds."""
     a, b = ({r["seed"]: r[col] for r in rows if r["condition"] == c} for c in (cond, base))
     seeds = sorted(set(a) & set(b))
     return bootstrap_ci([a[s] - b[s] for s in seeds]) + (len(seeds),) if len(seeds) >= 2 else None
@@ -54,8 +65,10 @@ def bestofk_cells(b):
 
 
 def bestofk_curves(rows, order, pass_gold, ks=(1, 2, 4, 8, 16)):
-    """{condition: the mean over seeds of its best-of-k and pass@k curves}, as evaluate.plot_bestofk takes them."""
-    mean = lambda c, col: float(np.mean([r[col] for r in rows if r["condition"] == c]))
+    """{condition: the mean over seeds of its best-of-k and pass@k curves}, as
+    evaluate.plot_bestofk takes them."""
+    def mean(c, col):
+        return float(np.mean([r[col] for r in rows if r["condition"] == c]))
     return {c: dict(k=list(ks), pass_gold=pass_gold, best=[mean(c, f"best_{k}") for k in ks],
                     pass_at=[mean(c, f"pass_{k}") for k in ks])
             for c in order if any(r["condition"] == c for r in rows)}
@@ -64,44 +77,58 @@ def bestofk_curves(rows, order, pass_gold, ks=(1, 2, 4, 8, 16)):
 def bestofk_table(rows, order):
     """Markdown: expected best gold of k and pass@k for every k, mean over seeds, per condition."""
     ks = sorted(int(c[5:]) for c in rows[0] if c.startswith("best_"))
-    lines = ["| condition | " + " | ".join(f"best of {k}" for k in ks) + " | " + " | ".join(f"pass@{k}" for k in ks)
-             + " |", "|---" * (2 * len(ks) + 1) + "|"]
+    best_heads = " | ".join(f"best of {k}" for k in ks)
+    pass_heads = " | ".join(f"pass@{k}" for k in ks)
+    header = "| condition | " + best_heads + " | " + pass_heads + " |"
+    lines = [header, "|---" * (2 * len(ks) + 1) + "|"]
     for cond in order:
         rs = [r for r in rows if r["condition"] == cond]
         if rs:
-            lines.append(f"| {cond} | " + " | ".join(f"{np.mean([r[f'{c}_{k}'] for r in rs]):.3f}" for c in
-                                                     ("best", "pass") for k in ks) + " |")
+            means = [np.mean([r[f"{c}_{k}"] for r in rs]) for c in ("best", "pass") for k in ks]
+            cells = [f"{m:.3f}" for m in means]
+            lines.append(f"| {cond} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
-def summarise(rows, order, base=DEFAULT_CONDITION, paired=("gold_mean", "kl", "proxy_mean"), columns=COLUMNS):
-    """Markdown: mean [95 % bootstrap interval over seeds] per condition; then each condition minus `base` (or the
-    suite's first condition), paired over seeds, where an interval that holds 0 reads "not separated"."""
-    base = base if base in order else next((c for c in order if c != "pretrained"), None)   # a suite without it
-    lines = ["| condition | seeds | " + " | ".join(columns) + " |", "|---" * (len(columns) + 2) + "|"]
+def summarise(rows, order, base=DEFAULT_CONDITION, paired=("gold_mean", "kl", "proxy_mean"),
+              columns=COLUMNS):
+    """Markdown: mean [95 % bootstrap interval over seeds] per condition; then each condition minus
+    `base` (or the suite's first condition), paired over seeds, where an interval that holds 0 reads
+    "not separated"."""
+    # A suite without `base` is compared against its first condition.
+    base = base if base in order else next((c for c in order if c != "pretrained"), None)
+    header = "| condition | seeds | " + " | ".join(columns) + " |"
+    lines = [header, "|---" * (len(columns) + 2) + "|"]
     for cond in order:
         rs = [r for r in rows if r["condition"] == cond]
         if rs:
-            cells = ["{:.3f} [{:.3f}, {:.3f}]".format(*bootstrap_ci([r[c] for r in rs])) if len(rs) > 1
-                     else f"{rs[0][c]:.3f}" for c in columns]                       # one seed: no interval
-            lines.append(f"| {cond} | {','.join(str(r['seed']) for r in rs)} | " + " | ".join(cells) + " |")
+            if len(rs) > 1:
+                cis = [bootstrap_ci([r[c] for r in rs]) for c in columns]
+                cells = ["{:.3f} [{:.3f}, {:.3f}]".format(*ci) for ci in cis]
+            else:
+                # One seed: no interval.
+                cells = [f"{rs[0][c]:.3f}" for c in columns]
+            seeds = ",".join(str(r["seed"]) for r in rs)
+            lines.append(f"| {cond} | {seeds} | " + " | ".join(cells) + " |")
     if base and len({r["seed"] for r in rows if r["condition"] == base}) < 2:
         lines += ["", "One seed: no intervals, no paired differences (run --seeds=3 or more)."]
     elif base:
-        lines += ["", f"Paired differences against {base} (same seeds), 95 % bootstrap interval:", "",
-                  "| condition | seeds | " + " | ".join(f"Δ {c}" for c in paired) + " |",
-                  "|---" * (len(paired) + 2) + "|"]
+        title = f"Paired differences against {base} (same seeds), 95 % bootstrap interval:"
+        paired_header = "| condition | seeds | " + " | ".join(f"Δ {c}" for c in paired) + " |"
+        lines += ["", title, "", paired_header, "|---" * (len(paired) + 2) + "|"]
         for cond in order:
             cis = [paired_ci(rows, cond, base, c) for c in paired]
             if cond not in (base, "pretrained") and cis[0]:
-                lines.append(f"| {cond} | {cis[0][3]} | " + " | ".join(verdict(ci) for ci in cis) + " |")
+                diffs = " | ".join(verdict(ci) for ci in cis)
+                lines.append(f"| {cond} | {cis[0][3]} | " + diffs + " |")
     return "\n".join(lines) + "\n"
 
 
 REF_COLUMNS = [("bytes held for the reference", lambda r: r["ref"]["bytes"] / 1e6, "{:.2f} MB"),
                ("trainable actor state", lambda r: r["ref"]["trainable_bytes"] / 1e6, "{:.2f} MB"),
                ("KL to full ref, step 0", lambda r: r["ref"]["kl_step0"], "{:.1e}"),
-               ("gold", lambda r: r["gold_mean"], "{:+.2f}"), ("proxy", lambda r: r["proxy_mean"], "{:+.2f}"),
+               ("gold", lambda r: r["gold_mean"], "{:+.2f}"),
+               ("proxy", lambda r: r["proxy_mean"], "{:+.2f}"),
                ("KL to full ref", lambda r: r["kl"], "{:.2f}"),
                ("KL to own ref", lambda r: r["ref"]["kl_own_ref"], "{:.2f}"),
                ("well-formed", lambda r: r["wellformed_rate"], "{:.2f}"),
@@ -110,23 +137,28 @@ REF_COLUMNS = [("bytes held for the reference", lambda r: r["ref"]["bytes"] / 1e
 
 
 def ref_table(rows, order):
-    """Markdown table "Making the reference cheap": bytes, step-0 KL, and the PPO run's results, mean [95 %]."""
-    lines = ["| condition | " + " | ".join(c for c, _, _ in REF_COLUMNS) + " |", "|---" * (len(REF_COLUMNS) + 1) + "|"]
+    """Markdown table "Making the reference cheap": bytes, step-0 KL, and the PPO run's results,
+    mean [95 %]."""
+    header = "| condition | " + " | ".join(c for c, _, _ in REF_COLUMNS) + " |"
+    lines = [header, "|---" * (len(REF_COLUMNS) + 1) + "|"]
     for cond in order:
         rs = [r for r in rows if r["condition"] == cond and r.get("ref")]
         if rs:
             cells = []
             for _, get, fmt in REF_COLUMNS:
                 v = [get(r) for r in rs]
-                m, lo, hi = bootstrap_ci(v)                   # 95 % over seeds, where the seeds differ at all
-                cells.append(fmt.format(m) + (f" [{fmt.format(lo)}, {fmt.format(hi)}]" if hi > lo else ""))
+                # The 95 % interval over seeds, shown where the seeds differ at all.
+                m, lo, hi = bootstrap_ci(v)
+                interval = f" [{fmt.format(lo)}, {fmt.format(hi)}]" if hi > lo else ""
+                cells.append(fmt.format(m) + interval)
             lines.append(f"| `{cond}` | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
 def beta_table(run_dir, rows, order, at=(1, 0.25, 0.5, 0.75, 1.0)):
-    """Markdown: β at the first iteration and at fractions of the run, mean over seeds, for the conditions whose β
-    moves (read from each run's metrics.jsonl, in the folder run_dir(condition, seed)); empty when none does."""
+    """Markdown: β at the first iteration and at fractions of the run, mean over seeds, for the
+    conditions whose β moves (read from each run's metrics.jsonl, in the folder run_dir(condition,
+    seed)); empty when none does."""
     lines = []
     for cond in (c for c in order if c != "pretrained"):
         curves = []
@@ -136,17 +168,19 @@ def beta_table(run_dir, rows, order, at=(1, 0.25, 0.5, 0.75, 1.0)):
         if curves and len({round(b, 12) for c in curves for b in c}) > 1:
             n = len(curves[0])
             its = [1] + [max(1, round(f * n)) for f in at[1:]]
-            lines.append(f"| {cond} | " + " | ".join(f"{np.mean([c[i - 1] for c in curves]):.4f}" for i in its) + " |")
+            means = [np.mean([c[i - 1] for c in curves]) for i in its]
+            lines.append(f"| {cond} | " + " | ".join(f"{m:.4f}" for m in means) + " |")
             head = "| condition | " + " | ".join(f"β at iter {i}" for i in its) + " |"
     if not lines:
         return ""
-    return ("\nβ over the run (mean over seeds; the β each iteration's rewards used):\n\n" + head + "\n"
-            + "|---" * (len(at) + 1) + "|\n" + "\n".join(lines) + "\n")
+    title = "\nβ over the run (mean over seeds; the β each iteration's rewards used):\n\n"
+    rule = "|---" * (len(at) + 1) + "|\n"
+    return title + head + "\n" + rule + "\n".join(lines) + "\n"
 
 
 def plot(rows, adir, order, run_dir):
-    """scores.png, frontier.png and beta.png into adir, from the rows and each run's metrics.jsonl (in the folder
-    run_dir(condition, seed)); skipped without matplotlib."""
+    """scores.png, frontier.png and beta.png into adir, from the rows and each run's metrics.jsonl
+    (in the folder run_dir(condition, seed)); skipped without matplotlib."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -154,7 +188,8 @@ def plot(rows, adir, order, run_dir):
     except ImportError:
         return
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharex=True)
-    for i, cond in enumerate(c for c in ["no_kl", "rolling_ref", "fixed_0.005", "fixed_0.5", "adaptive"] if c in order):
+    shown = ["no_kl", "rolling_ref", "fixed_0.005", "fixed_0.5", "adaptive"]
+    for i, cond in enumerate(c for c in shown if c in order):
         curves = []
         for r in (r for r in rows if r["condition"] == cond):
             with open(os.path.join(run_dir(cond, r["seed"]), "metrics.jsonl")) as f:
@@ -162,11 +197,14 @@ def plot(rows, adir, order, run_dir):
         if curves:
             it = [x["iter"] for x in curves[0]]
             for ax, key in zip(axes, ["objective/gold", "objective/scores"]):
-                ax.plot(it, np.mean([[x[key] for x in c] for c in curves], 0), color=f"C{i}", label=cond)
-    axes[0].set_title("gold score (simulated human)"); axes[1].set_title("proxy score (reward model)")
+                mean = np.mean([[x[key] for x in c] for c in curves], 0)
+                ax.plot(it, mean, color=f"C{i}", label=cond)
+    axes[0].set_title("gold score (simulated human)")
+    axes[1].set_title("proxy score (reward model)")
     for ax in axes:
         ax.set_xlabel("PPO iteration")
-    if axes[1].get_legend_handles_labels()[0]:                      # a suite may plot none of these
+    # A suite may plot none of these.
+    if axes[1].get_legend_handles_labels()[0]:
         axes[1].legend(fontsize=8)
     fig.tight_layout()
     store.save_figure(fig, os.path.join(adir, "scores.png"))
@@ -174,22 +212,31 @@ def plot(rows, adir, order, run_dir):
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     for i, cond in enumerate(order):
         rs = [r for r in rows if r["condition"] == cond]
-        ax.scatter([np.sqrt(max(r["kl"], 0)) for r in rs], [r["gold_mean"] for r in rs], color=f"C{i % 10}",
-                   marker="o" if i < 10 else "s", label=cond)
-    ax.set_xlabel("sqrt(KL to reference), sqrt(nats)"); ax.set_ylabel("gold score, held-out prompts")
-    ax.set_title("over-optimisation frontier (Gao et al. 2022)"); ax.legend(fontsize=7)
+        root_kl = [np.sqrt(max(r["kl"], 0)) for r in rs]
+        gold = [r["gold_mean"] for r in rs]
+        ax.scatter(root_kl, gold, color=f"C{i % 10}", marker="o" if i < 10 else "s", label=cond)
+    ax.set_xlabel("sqrt(KL to reference), sqrt(nats)")
+    ax.set_ylabel("gold score, held-out prompts")
+    ax.set_title("over-optimisation frontier (Gao et al. 2022)")
+    ax.legend(fontsize=7)
     fig.tight_layout()
     store.save_figure(fig, os.path.join(adir, "frontier.png"))
     plt.close(fig)
     moving = [c for c in ("adaptive", "adaptive_fast", "band", "linear_decay") if c in order]
-    if moving:                                                        # β over iterations, first seed of each
+    # β over iterations, the first seed of each condition.
+    if moving:
         fig, ax = plt.subplots(figsize=(6.5, 4))
         for i, cond in enumerate(moving):
             r = next(r for r in rows if r["condition"] == cond)
             with open(os.path.join(run_dir(cond, r["seed"]), "metrics.jsonl")) as f:
                 m = [json.loads(line) for line in f]
-            ax.plot([x["iter"] for x in m], [x["objective/kl_coef"] for x in m], color=f"C{i}", label=cond)
-        ax.set_xlabel("PPO iteration"); ax.set_ylabel("β"); ax.set_yscale("log"); ax.legend(fontsize=8)
+            its = [x["iter"] for x in m]
+            betas = [x["objective/kl_coef"] for x in m]
+            ax.plot(its, betas, color=f"C{i}", label=cond)
+        ax.set_xlabel("PPO iteration")
+        ax.set_ylabel("β")
+        ax.set_yscale("log")
+        ax.legend(fontsize=8)
         fig.tight_layout()
         store.save_figure(fig, os.path.join(adir, "beta.png"))
         plt.close(fig)

@@ -1,21 +1,24 @@
 """tether's driver: every stage of RLHF, from an empty folder to a report.
 
-    python train.py                      # every stage not done yet (world, pretrain, ..., ppo, report)
-    python train.py --stage=pretrain     # redo one stage (and remove what later stages made from its old outputs)
-    python train.py --stage=sample --prompt='review: the nova pro phone\\n'    # the RLHF actor alone
-    python train.py --stage=inspect      # out/inspect.html: each response token coloured by its KL to the reference
-    python train.py --preset=smoke       # everything tiny, seconds (the tests use it)
-    python train.py --help               # every config field, overridable as --name=value
+    python train.py                   # every stage not done yet (world, pretrain, ..., ppo, report)
+    python train.py --stage=pretrain  # redo one stage, removing what later stages made from it
+    python train.py --stage=sample --prompt='review: the nova pro phone\\n'  # the RLHF actor alone
+    python train.py --stage=inspect   # out/inspect.html: each response token coloured by its KL
+                                      # to the reference
+    python train.py --preset=smoke    # everything tiny, seconds (the tests use it)
+    python train.py --help            # every config field, overridable as --name=value
 
-Each stage writes into out_dir and records in stages.json the config fields and input files it was made from; a
-later run that differs stops with one line (or, with --stage=NAME, redoes that stage). Pretraining and PPO save
-resumable checkpoints: the same command after a kill goes on where it stopped and ends with the same numbers.
-This file is the driver: GROUPS (the config), `parse` with the checks across fields and files, and `run_stages`,
-which plans from stages.json and runs what is missing. The stages and their table (STAGES) are in stages.py; the PPO
-loop itself is in ppo.py.
-Under `torchrun --standalone --nproc_per_node=N train.py ...` pretraining, the reward model and PPO train on N
-processes (each its share of every batch, gradients averaged: dist.py); rank 0 alone plans, writes and prints, and
-runs the other stages while the rest wait. Lines marked `# torchrun` are the only ones a single process skips past.
+Each stage writes into out_dir and records in stages.json the config fields and input files it was
+made from; a later run that differs stops with one line (or, with --stage=NAME, redoes that stage).
+Pretraining and PPO save resumable checkpoints: the same command after a kill goes on where it
+stopped and ends with the same numbers.
+This file is the driver: GROUPS (the config), `parse` with the checks across fields and files, and
+`run_stages`, which plans from stages.json and runs what is missing. The stages and their table
+(STAGES) are in stages.py; the PPO loop itself is in ppo.py.
+Under `torchrun --standalone --nproc_per_node=N train.py ...` pretraining, the reward model and PPO
+train on N processes (each its share of every batch, gradients averaged: dist.py); rank 0 alone
+plans, writes and prints, and runs the other stages while the rest wait. Lines under a
+`# torchrun` comment are the only ones a single process skips past.
 Left out: resuming the preferences and reward stages half way.
 """
 import dataclasses, os, sys, time
@@ -35,8 +38,8 @@ from precision import auto_dtype, autocast
 from pretrain import PretrainConfig
 from reward import RewardConfig
 from rollback import RollbackConfig
-from stages import (BY_NAME, INSPECT, SAMPLE, STAGES, build_world_aside, files, load_timings, path, seed_everything,
-                    stamp, world_ok)
+from stages import (BY_NAME, INSPECT, SAMPLE, STAGES, build_world_aside, files, load_timings, path,
+                    seed_everything, stamp, world_ok)
 
 GROUPS = dict(run=RunConfig, world=WorldConfig, gpt=GPTConfig, pretrain=PretrainConfig,
               reward=RewardConfig, kl=KLConfig, ppo=PPOConfig, ref=RefConfig, anchor=AnchorConfig,
@@ -44,18 +47,20 @@ GROUPS = dict(run=RunConfig, world=WorldConfig, gpt=GPTConfig, pretrain=Pretrain
 
 
 def parse(argv):
-    """The flags, checked: alone (config.check), then what needs another file: batch sizes the torchrun processes
-    must share equally (dist), the --ref kinds the model's depth allows (ref), where an estimator may go (kl), the
-    group sizes a rollout can hold (grpo) and, for --tokenizer=gpt2, tiktoken's files in its cache (tokenizer). Bad
-    input: one line, exit 2."""
+    """The flags, checked: alone (config.check), then what needs another file: batch sizes the
+    torchrun processes must share equally (dist), the --ref kinds the model's depth allows
+    (cheap_ref), the reference's updates (anchors), the rollback factor (rollback), where an
+    estimator may go (kl), the group sizes a rollout can hold (grpo) and, for --tokenizer=gpt2,
+    tiktoken's files in its cache (tokenizer). Bad input: one line, exit 2. Then --dtype=auto
+    becomes what this device multiplies natively (precision.auto_dtype)."""
     cfg = parse_args(argv, GROUPS, __doc__)
     check(cfg)
     r, p = cfg.reward, cfg.ppo
-    why = dist.check_divisible(dict(batch_size=cfg.pretrain.batch_size, rm_batch_size=r.rm_batch_size,
-                                    rollout_batch=p.rollout_batch, minibatch_size=p.minibatch_size)) \
-        or cheap_ref.check(cfg) or anchors.check(cfg) or rollback.check(cfg) or kl.check(cfg) \
-        or grpo.check(cfg) \
-        or (cfg.world.tokenizer == "gpt2" and tokenizer.gpt2_missing())
+    sizes = dict(batch_size=cfg.pretrain.batch_size, rm_batch_size=r.rm_batch_size,
+                 rollout_batch=p.rollout_batch, minibatch_size=p.minibatch_size)
+    why = (dist.check_divisible(sizes) or cheap_ref.check(cfg) or anchors.check(cfg)
+           or rollback.check(cfg) or kl.check(cfg) or grpo.check(cfg)
+           or (cfg.world.tokenizer == "gpt2" and tokenizer.gpt2_missing()))
     if why:
         die(why)
     # --dtype=auto: what this device multiplies natively (the stamps hold what runs).
@@ -64,14 +69,17 @@ def parse(argv):
     return cfg
 
 
-TRAINING = {"pretrain", "reward", "ppo"}        # torchrun: every rank runs these; rank 0 runs the others alone
+# torchrun: every rank runs these; rank 0 runs the others alone.
+TRAINING = {"pretrain", "reward", "ppo"}
 
 
 def follow_stages(cfg):
-    """torchrun, ranks other than 0: rank 0's plan, taking part in its training stages, in step with it."""
+    """torchrun, ranks other than 0: rank 0's plan, taking part in its training stages, in step
+    with it."""
     try:
         plan = dist.broadcast_object(None)
-    except RuntimeError:                                 # rank 0 stopped before it had a plan; its line says why
+    except RuntimeError:
+        # Rank 0 stopped before it had a plan; its line says why.
         sys.exit(1)
     for name in plan:
         st = BY_NAME[name]
@@ -79,18 +87,21 @@ def follow_stages(cfg):
             seed_everything(cfg.run.seed)
             with autocast(cfg.run.device, cfg.run.dtype):
                 st.fn(cfg, stamp(cfg, st))
-        dist.barrier()                                   # rank 0 has written this stage's outputs and records
+        # Wait until rank 0 has written this stage's outputs and records.
+        dist.barrier()
     return {}
 
 
 def check_read_only(cfg):
-    """A read-only stage (sample, inspect) needs a finished run: its input files, and a world made with this
-    --tokenizer. RunError otherwise, before anything is made (not even the folder)."""
+    """A read-only stage (sample, inspect) needs a finished run: its input files, and a world made
+    with this --tokenizer. RunError otherwise, before anything is made (not even the folder)."""
     st, out = BY_NAME[cfg.run.stage], cfg.run.out_dir
     missing = [n for n in files(cfg, st.inputs) if not os.path.exists(path(cfg, n))]
     if missing:
-        raise RunError(f"stage {st.name} needs {', '.join(missing)} in {out}: run the stages before it first")
-    made = store.load_records(out).get("world", {}).get("config", {}).get("tokenizer", cfg.world.tokenizer)
+        raise RunError(f"stage {st.name} needs {', '.join(missing)} in {out}: run the stages "
+                       "before it first")
+    world = store.load_records(out).get("world", {})
+    made = world.get("config", {}).get("tokenizer", cfg.world.tokenizer)
     # Its other flags only say how to sample.
     if made != cfg.world.tokenizer:
         raise RunError(f"the world in {out} was made with --tokenizer={made}, now --tokenizer="
@@ -99,9 +110,10 @@ def check_read_only(cfg):
 
 def run_stages(cfg, upto=None):
     """Check the state of out_dir, then run what is missing or asked for. Returns {stage: seconds}.
-    Every check comes before anything is removed: the flags, the records, and the world's lengths (a world to be
-    made is built aside and checked first)."""
-    if not dist.is_main():                               # torchrun
+    Every check comes before anything is removed: the flags, the records, and the world's lengths (a
+    world to be made is built aside and checked first)."""
+    # torchrun: the other ranks follow rank 0's plan.
+    if not dist.is_main():
         return follow_stages(cfg)
     out = cfg.run.out_dir
     # A damaged record is a missing one: its stage is redone, and a line says so.
@@ -126,12 +138,15 @@ def run_stages(cfg, upto=None):
     else:
         world_ok(cfg, corpus=todo not in ([SAMPLE], [INSPECT]))
     if cfg.run.fresh:
-        for n in [n for st in STAGES for n in st.outputs + [st.partial] if n] + ["stages.json", "timings.json"]:
+        made = [n for st in STAGES for n in st.outputs + [st.partial] if n]
+        for n in made + ["stages.json", "timings.json"]:
             store.remove(path(cfg, n))
     # The config the recorded stages were made with.
     if not read_only:
-        store.save_json(path(cfg, "config.json"), {g: dataclasses.asdict(c) for g, c in vars(cfg).items()})
-    dist.broadcast_object([st.name for st in todo])      # torchrun: the plan, to the other ranks
+        resolved = {g: dataclasses.asdict(c) for g, c in vars(cfg).items()}
+        store.save_json(path(cfg, "config.json"), resolved)
+    # torchrun: the plan, to the other ranks.
+    dist.broadcast_object([st.name for st in todo])
     for st in todo:
         # What this stage and every later one made is out of date now.
         if st.outputs:
@@ -140,34 +155,40 @@ def run_stages(cfg, upto=None):
                 for n in later.outputs:
                     store.remove(path(cfg, n))
             store.save_json(store.records_path(out), records)
-        print(f"---- stage {st.name} ---- ({cfg.run.dtype})", flush=True)     # --dtype=auto: what it chose
+        # The dtype is the one that runs: with --dtype=auto, what it chose.
+        print(f"---- stage {st.name} ---- ({cfg.run.dtype})", flush=True)
         seed_everything(cfg.run.seed)
         t = time.time()
-        with autocast(cfg.run.device, cfg.run.dtype):    # fp32: no-op; bf16: every forward of the stage (model.py)
+        # Under fp32 a no-op; under bf16 it takes every forward of the stage (model.py).
+        with autocast(cfg.run.device, cfg.run.dtype):
             st.fn(cfg, stamp(cfg, st))
         if st.outputs:
             s = stamp(cfg, st)
-            records[st.name] = store.make_record(out, s["config"], files(cfg, st.inputs), files(cfg, st.outputs),
-                                                 s["defaults"], s["code"])
+            records[st.name] = store.make_record(out, s["config"], files(cfg, st.inputs),
+                                                 files(cfg, st.outputs), s["defaults"], s["code"])
             store.save_json(store.records_path(out), records)
             timings[st.name] = round(time.time() - t, 1)
             store.save_json(path(cfg, "timings.json"), timings)
             if st.partial:
                 store.remove(path(cfg, st.partial))
-        dist.barrier()                                   # torchrun: the other ranks wait for this stage
+        # torchrun: the other ranks wait for this stage.
+        dist.barrier()
     return timings
 
 
 def main(argv):
     cfg = parse(argv)
-    cfg.run.device = dist.init(cfg.run.device)           # torchrun: join the group; 1 process: unchanged
-    if cfg.run.dtype == "bf16":                          # what autocast leaves in fp32 may use TF32 on CUDA
+    # torchrun: join the group; in one process the device is unchanged.
+    cfg.run.device = dist.init(cfg.run.device)
+    # What autocast leaves in fp32 may use TF32 on CUDA.
+    if cfg.run.dtype == "bf16":
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     assert set(RunConfig.__dataclass_fields__["stage"].metadata["choices"]) == {"all", *BY_NAME}
     if cfg.run.threads:
         torch.set_num_threads(cfg.run.threads)
     try:
-        if not dist.is_main():                           # torchrun: rank 0 checks the folder and holds the lock
+        # torchrun: rank 0 checks the folder and holds the lock.
+        if not dist.is_main():
             return run_stages(cfg)
         out = cfg.run.out_dir
         if store.not_a_folder(out):
@@ -181,12 +202,13 @@ def main(argv):
             die(f"--out_dir={out} cannot be made ({e.strerror})")
         # Only the sample stage writes nothing: every other command must be able to write here.
         if cfg.run.stage != "sample" and store.unwritable(out):
-            die(f"--out_dir={out} is not writable ({store.unwritable(out)}): use a folder this process may "
-                "write, or another --out_dir")
+            die(f"--out_dir={out} is not writable ({store.unwritable(out)}): use a folder this "
+                "process may write, or another --out_dir")
         with store.Lock(out, read_only=cfg.run.stage == "sample"):
             return run_stages(cfg)
     except RunError as e:
-        die(str(e), e.code)                              # torchrun: one line, from rank 0 (errors.die)
+        # torchrun: one line, from rank 0 (errors.die).
+        die(str(e), e.code)
     except FloatingPointError as e:
         # model.generate met logits that are not finite: the run itself failed.
         die(str(e), 1)
