@@ -23,7 +23,7 @@ from errors import RunError, die
 RULES = {">0": lambda v: v > 0, ">=0": lambda v: v >= 0, "[0,1]": lambda v: 0 <= v <= 1,
          "[0,1)": lambda v: 0 <= v < 1, "(0,1)": lambda v: 0 < v < 1,
          "(0,1]": lambda v: 0 < v <= 1, "[0,2^31)": lambda v: 0 <= v < 2 ** 31,
-         # The temperature's: logits/T in fp32 err by |logit|/T·6e-8, under 1e-3 nats here.
+         # The temperature's rule: in fp32, logits/T errs by |logit|/T·6e-8, under 1e-3 nats here.
          ">=0.01": lambda v: v >= 0.01,
          # Evaluation sizes: the samples' texts and verdicts are held in memory (about 1 kB each),
          # so 100,000 is about 100 MB; far more would die of MemoryError after the training they
