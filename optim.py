@@ -1,5 +1,5 @@
-"""Optimizers: fused AdamW, pretraining's Muon split, the learning-rate schedule, and the guarded
-step that takes the gradient, clips it and moves the weights.
+"""Optimizers: fused AdamW, Muon (written here) and pretraining's Muon split, the learning-rate
+schedule, and the guarded step that takes the gradient, clips it and moves the weights.
 
     python -m pytest -q tests/test_muon.py tests/test_ppo.py   # the split, the schedule, the guard
 
@@ -8,7 +8,8 @@ Every training loop (pretraining, the reward model, PPO's actor and critic) step
 clip, step, and skip (counted) a step whose loss or gradient is not finite, so no NaN reaches the
 weights. PPO's actor and critic each get their own AdamW (`make_optimizers`): the value loss never
 reaches the actor's step or its clip. --optimizer=muon trains the blocks' 2-D matrices with Muon
-and the rest with AdamW (`pretrain_optimizer`, `Optimizers`).
+(`Muon`: momentum, `newton_schulz` in the run's dtype) and the rest with AdamW
+(`pretrain_optimizer`, `Optimizers`).
 Left out: weight decay groups per parameter type, gradient accumulation, loss scaling (fp16).
 """
 import math
@@ -100,6 +101,58 @@ class StepGuard:
         return False
 
 
+# The quintic Newton-Schulz coefficients (Keller Jordan's Muon), chosen for the steepest slope at
+# zero: 5 steps take every singular value of a normalised matrix into about [0.7, 1.2], not to 1.
+NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+
+
+def newton_schulz(g, steps=5, dtype=torch.float32):
+    """The orthogonalised g: about U·Vᵀ of g = U·S·Vᵀ, by `steps` quintic iterations X ← aX +
+    (bA + cA²)X with A = X·Xᵀ, run in `dtype` (fp32 where bf16 is emulated). (rows, cols) in,
+    (rows, cols) out, as g's dtype."""
+    a, b, c = NS_COEFFICIENTS
+    x = g.to(dtype)
+    # The Gram matrix X·Xᵀ is the smaller one when the wide side is the columns.
+    tall = g.size(0) > g.size(1)
+    if tall:
+        x = x.T
+    # Every singular value at most 1: divide by the Frobenius norm.
+    x = x / x.norm().clamp(min=1e-7)
+    for _ in range(steps):
+        gram = x @ x.T
+        x = a * x + (b * gram + c * gram @ gram) @ x
+    if tall:
+        x = x.T
+    return x.to(g.dtype)
+
+
+class Muon(torch.optim.Optimizer):
+    """Muon for 2-D matrices: Nesterov momentum, its update orthogonalised by `newton_schulz`
+    in `ns_dtype`, scaled per shape by sqrt(max(1, rows/cols)), and decoupled weight decay
+    (θ ← θ(1 − lr·wd) − lr·scale·O). torch.optim.Muon's update, with the iteration's dtype a
+    choice (torch's is always bf16). Its state (one momentum buffer per matrix) saves and loads
+    with torch.optim.Optimizer's state_dict."""
+
+    def __init__(self, params, lr, momentum, weight_decay, ns_dtype=torch.float32):
+        super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay))
+        self.ns_dtype = ns_dtype
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            lr, mu = group["lr"], group["momentum"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                buf = self.state[p].setdefault("momentum_buffer", torch.zeros_like(p))
+                # buf ← μ·buf + (1 − μ)·g; Nesterov looks one step ahead: (1 − μ)·g + μ·buf.
+                buf.lerp_(p.grad, 1 - mu)
+                update = newton_schulz(p.grad.lerp(buf, mu), dtype=self.ns_dtype)
+                scale = math.sqrt(max(1.0, p.size(0) / p.size(1)))
+                p.mul_(1 - lr * group["weight_decay"])
+                p.add_(update, alpha=-lr * scale)
+
+
 def make_optimizers(actor, critic, cfg):
     """PPO's: one AdamW each, so the critic's loss never reaches the actor's step or its clip. The
     actor's holds only what it trains (--ref=lora: the adapters; --ref=shared_n: the top blocks).
@@ -120,12 +173,13 @@ def scheduled_lr(it, pt, peak, floor):
     return floor + 0.5 * (peak - floor) * (1 + math.cos(angle))
 
 
-def pretrain_optimizer(model, pt):
+def pretrain_optimizer(model, pt, dtype="fp32"):
     """--optimizer=adamw: AdamW on every parameter. muon: Muon on the blocks' 2-D matrices
     (`hidden_matrices`, as Muon's authors prescribe) and AdamW, as with adamw, on the rest
     (embeddings, the tied output layer, LayerNorm gains, biases). Muon has its own lr (--muon_lr,
-    Keller Jordan's 0.02 with torch's "original" per-shape scaling sqrt(max(1, rows/cols))), so
-    the AdamW part keeps the lr tuned for it. Each group carries its peak and floor lr (peak_lr,
+    Keller Jordan's 0.02 with his per-shape scaling sqrt(max(1, rows/cols))), so the AdamW part
+    keeps the lr tuned for it; its Newton-Schulz runs in bf16 where dtype (the run's resolved
+    --dtype) is bf16, else in fp32. Each group carries its peak and floor lr (peak_lr,
     min_lr) for the schedule: Muon's floor is in the same ratio to its peak as AdamW's."""
     if pt.optimizer == "adamw":
         opt = adamw(model.parameters(), pt.lr, betas=(0.9, 0.95), weight_decay=pt.weight_decay)
@@ -135,8 +189,9 @@ def pretrain_optimizer(model, pt):
         mine = {id(p) for p in hidden}
         # parameters() yields the tied matrix once.
         rest = [p for p in model.parameters() if id(p) not in mine]
-        muon = torch.optim.Muon(hidden, lr=pt.muon_lr, momentum=pt.muon_momentum, nesterov=True,
-                                weight_decay=pt.muon_weight_decay, adjust_lr_fn="original")
+        # Newton-Schulz in bf16 only where the run computes in bf16 (--dtype, resolved).
+        ns_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
+        muon = Muon(hidden, pt.muon_lr, pt.muon_momentum, pt.muon_weight_decay, ns_dtype)
         opt = Optimizers(muon, adamw(rest, pt.lr, betas=(0.9, 0.95), weight_decay=pt.weight_decay))
         peaks = [(pt.muon_lr, pt.muon_lr * pt.min_lr / pt.lr), (pt.lr, pt.min_lr)]
     for g, (peak, floor) in zip(opt.param_groups, peaks, strict=True):

@@ -81,7 +81,7 @@ def train_gpt(cfg, stamp, n_vocab, bins, ckpt_path):
     dist.seed_rank(run.seed)
     # Fixed shapes: compiled once.
     fwd = torch.compile(model) if pt.compile else model
-    opt = optim.pretrain_optimizer(model, pt)
+    opt = optim.pretrain_optimizer(model, pt, run.dtype)
     guard = optim.StepGuard("pretraining")
     start, log, seconds = state.load_pretrain_state(ckpt_path, stamp, model, opt, gen, guard)
     tokens = pt.batch_size * gcfg.block_size

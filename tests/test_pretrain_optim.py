@@ -39,8 +39,8 @@ def recording(lrs):
     """optim.pretrain_optimizer, with each step's learning rates (one per group) appended to lrs first."""
     make = optim.pretrain_optimizer
 
-    def made(model, pt):
-        opt = make(model, pt)
+    def made(model, pt, dtype="fp32"):
+        opt = make(model, pt, dtype)
         step = opt.step
         opt.step = lambda: (lrs.append([g["lr"] for g in opt.param_groups]), step())
         return opt
@@ -70,7 +70,7 @@ def test_muon_trains_exactly_the_blocks_linear_weights_and_adamw_the_rest(bias):
     model = GPT(GPTConfig(block_size=16, vocab_size=40, n_layer=3, n_head=2, n_embd=16, bias=bias))
     pt = PretrainConfig(optimizer="muon", lr=3e-3, muon_lr=0.05)
     opt = optim.pretrain_optimizer(model, pt)
-    assert isinstance(opt, Optimizers) and [type(o) for o in opt.opts] == [torch.optim.Muon, torch.optim.AdamW]
+    assert isinstance(opt, Optimizers) and [type(o) for o in opt.opts] == [optim.Muon, torch.optim.AdamW]
     held = [[p for g in o.param_groups for p in g["params"]] for o in opt.opts]
     linear = {id(m.weight) for b in model.blocks for m in b.modules() if isinstance(m, nn.Linear)}
     assert len(linear) == 4 * 3                                         # qkv, projection, MLP in and out; x3
