@@ -12,6 +12,8 @@ k = 1, 2, 4, 8, 16 the expected best gold score among k of them and pass@k, a pa
 well-formed response with gold above --pass_gold (default 1.25: the pretrained model, gold
 0.69 ± 1.09 and 94.5 % well-formed, passes about 30 % of the time). Both are the unbiased
 estimators over the n samples (Chen et al. 2021): every k-subset of the n counted.
+--eval_every=N evaluates the actor during PPO (`during_ppo`), every N iterations, on --eval_n
+held-out samples: the trajectory of gold, proxy and KL that ablate.py --suite=overopt fits.
 Left out: confidence intervals, per-token views.
 """
 from dataclasses import dataclass
@@ -19,7 +21,7 @@ import math, os
 import numpy as np
 import torch
 
-import data, store
+import data, state, store
 from config import arg
 from kl import kl_full
 from model import response_logits, token_logprobs
@@ -35,6 +37,10 @@ class EvalConfig:
                          "(n_eval in all, at least one prompt's)")
     pass_gold: float = arg(1.25, help="pass@k: a pass is a well-formed response with gold above "
                            "this")
+    eval_every: int = arg(0, ">=0", "PPO: evaluate the actor on held-out prompts every this many "
+                          "iterations (eval/ columns of metrics.jsonl; 0 = off)")
+    eval_n: int = arg(96, "[1,100000]", "--eval_every: samples per evaluation (held-out prompts "
+                      "cycled, the same sampling noise each time)")
 
 
 REPORT_COLUMNS = ["gold_mean", "gold_std", "proxy_mean", "kl", "wellformed_rate", "distinct_2",
@@ -103,6 +109,26 @@ def evaluate_policy(model, enc, prompts, run, ref, rm, n, batch=100):
                    response_length=ntok / n)
     examples = [(p, t, v["score"], s) for p, t, v, s in zip(prompts, texts, verdicts, proxy)]
     return metrics, examples
+
+
+def due(cfg, it):
+    """True when --eval_every asks for an evaluation after PPO iteration `it` (0-based)."""
+    return cfg.eval_every > 0 and (it + 1) % cfg.eval_every == 0
+
+
+@torch.no_grad()
+def during_ppo(actor, enc, prompts, run, ref, rm, cfg):
+    """--eval_every: `evaluate_policy` on cfg.eval_n samples of the held-out prompts, drawn from a
+    random stream of its own (seeded by --seed, the same at every evaluation, so two evaluations
+    differ only by the policy) and every other stream put back as it was, so a run with evaluation
+    trains exactly as one without. The KL is to `ref`, the run's frozen reference. Returns the
+    eval/ columns of a metrics row."""
+    saved = state.rng_states()
+    torch.manual_seed(run.seed + 20221019)
+    m, _ = evaluate_policy(actor, enc, prompts, run, ref, rm, cfg.eval_n)
+    state.set_rng_states(saved)
+    names = ("gold_mean", "proxy_mean", "kl", "wellformed_rate", "distinct_2")
+    return {f"eval/{k}": m[k] for k in names}
 
 
 @torch.no_grad()

@@ -19,7 +19,8 @@ One iteration of `train_ppo`, as in lm-human-preferences and TRL:
     5. log, save   one metrics row and log line per iteration; a resumable state every
                    save_interval iterations (state.py)
 Each option enters through one call to the file that owns it: the moving anchors
-(anchors.py, --ref_update), the KL rollback (rollback.py, --kl_max), group baselines (grpo.py,
+(anchors.py, --ref_update), the KL rollback and early stop (rollback.py, --kl_max, --stop_kl),
+the held-out evaluation (evaluate.py, --eval_every), group baselines (grpo.py,
 --advantage), the pretraining mix (--ptx_coef, InstructGPT's PPO-ptx: the LM loss on train.bin
 windows, a second anchor, to the data) and torchrun (dist.py: no-ops in one process; each rank
 samples and trains on its share, gradients averaged, advantages whitened, β fed and metrics
@@ -33,7 +34,7 @@ from dataclasses import dataclass, replace
 import os, time
 import torch
 
-import anchors, data, dist, grpo, optim, rollback, state, store
+import anchors, data, dist, evaluate, grpo, optim, rollback, state, store
 from config import arg
 from errors import RunError
 from kl import FULL, kl_full, make_kl_controller, per_token_kl, shaped_rewards
@@ -363,9 +364,10 @@ def say(line):
 
 
 def train_ppo(actor, critic, ref, rm, enc, prompts, cfg, run_dir, stamp, log=say,
-              gold_norm=(0.0, 1.0)):
+              gold_norm=(0.0, 1.0), heldout=()):
     """PPO from the given actor and critic (both trained in place; critic None: grpo, rloo)
-    against the frozen reference `ref` and the reward model `rm` (gold_norm: --reward=gold's).
+    against the frozen reference `ref` and the reward model `rm` (gold_norm: --reward=gold's;
+    heldout: --eval_every's prompts).
     Writes run_dir/metrics.jsonl every iteration and run_dir/ppo_state.pt every save_interval
     iterations; a state made under `stamp` (config, inputs, code) is resumed, so an interrupted
     run ends with the same numbers as an uninterrupted one. Returns (metrics, final β)."""
@@ -421,6 +423,12 @@ def train_ppo(actor, critic, ref, rm, enc, prompts, cfg, run_dir, stamp, log=say
         # and is redone from there (torchrun: one decision for all ranks).
         if limit is not None and limit.above(dist.all_reduce(kl_first, "mean")):
             limit.restore(actor, critic, opts, kl_ctl, anchor)
+            # --stop_kl: the run ends here, with the last actor under the limit.
+            if limit.stops:
+                state.save_ppo_state(state_path, stamp, pc.ppo_iters, metrics, actor, critic,
+                                     opts, guards, kl_ctl, (prompt_gen, ptx_gen), anchor, limit)
+                log(limit.stop_line(it, kl_first))
+                break
             resp, gold = rollout(actor, enc, batch_prompts, q, qm, run)
             beta = kl_ctl.value
             batch, info = make_experience(
@@ -441,6 +449,9 @@ def train_ppo(actor, critic, ref, rm, enc, prompts, cfg, run_dir, stamp, log=say
         # 5. log
         row = metrics_row(it, info, stats, beta, guards, limit, kl_first, len(resp),
                           time.time() - t_it, time.time() - t0)
+        # --eval_every: the updated actor on held-out prompts, from a random stream of its own.
+        if evaluate.due(cfg.eval, it):
+            row.update(evaluate.during_ppo(actor, enc, heldout, run, ref, rm, cfg.eval))
         metrics.append(dist.reduce_row(row, same=SAME, summed=SUMMED, maxed=MAXED))
         if dist.is_main():
             store.save_json(metrics_path, metrics, lines=True)

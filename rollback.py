@@ -12,10 +12,13 @@ under the limit is kept (`keep`). A run stops with one line where a restore cann
 rollout is above (there is no state yet), or one state was restored rollback_max_in_row times in
 a row (β alone cannot hold an update whose own step leaves kl_max; at π_θ = π_ref the KL's
 gradient is 0).
+--stop_kl=K is early stopping with the reference as its yardstick: the same kept state, restored
+once with β unchanged, and PPO stops there (`stops`), so the actor saved and evaluated is the last
+one whose rollout was at most K nats from π_ref. With β = 0 it is early stopping at a KL budget.
 Left out: rolling back several states, lowering the learning rate instead of raising β.
 """
 import copy
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from config import arg
 from errors import RunError
@@ -29,6 +32,9 @@ class RollbackConfig:
                         "this (nats/sequence; 0 = off; a first rollout above it stops the run, "
                         "exit 2)")
     rollback_beta_factor: float = arg(2.0, ">0", "β is multiplied by this at each rollback")
+    stop_kl: float = arg(0.0, ">=0", "stop PPO at the first rollout whose exact KL to the "
+                         "reference exceeds this, keeping the last actor under it (nats/sequence;"
+                         " 0 = off): the reference as a yardstick only")
     rollback_max_in_row: int = arg(5, ">0", "stop the run after this many rollbacks in a row to "
                                    "one state (more β cannot hold an update whose own step "
                                    "leaves kl_max)")
@@ -39,6 +45,8 @@ def check(cfg):
     factor = cfg.rollback.rollback_beta_factor
     if factor < 1:
         return f"bad value for --rollback_beta_factor: {factor} (must be >= 1: β never falls)"
+    if cfg.rollback.stop_kl and cfg.rollback.kl_max:
+        return "--stop_kl and --kl_max both go back to a state under a KL: choose one"
     return None
 
 
@@ -47,14 +55,19 @@ def clone(state):
 
 
 def make_rollback(cfg):
-    """A Rollback for --kl_max > 0; None when it is off."""
+    """A Rollback for --kl_max > 0, or for --stop_kl > 0 (the limit is stop_kl and a restore leaves
+    β as it was: the run stops there); None when both are off."""
+    if cfg.stop_kl:
+        return Rollback(replace(cfg, kl_max=cfg.stop_kl, rollback_beta_factor=1.0), stops=True)
     if not cfg.kl_max:
         return None
     return Rollback(cfg)
 
 
 class Rollback:
-    def __init__(self, cfg):
+    def __init__(self, cfg, stops=False):
+        # --stop_kl: the first rollout above the limit ends the run after `restore`.
+        self.stops = stops
         self.kl_max = cfg.kl_max
         self.factor = cfg.rollback_beta_factor
         self.max_in_row = cfg.rollback_max_in_row
@@ -69,10 +82,11 @@ class Rollback:
             # An update stayed under the limit: progress.
             self.in_row = 0
             return False
+        flag = "--stop_kl" if self.stops else "--kl_max"
         if self.state is None:
             raise RunError(f"the first rollout is {kl:.3g} nats from the reference, above "
-                           f"--kl_max={self.kl_max}, so the rollback has no state to return to: "
-                           "raise --kl_max, or use --ref=full")
+                           f"{flag}={self.kl_max}, so there is no state to return to: raise "
+                           f"{flag}, or use --ref=full")
         if self.in_row == self.max_in_row:
             raised = self.factor ** self.in_row
             raise RunError(f"the KL rollback restored one state {self.in_row} times in a row (β x"
@@ -80,6 +94,13 @@ class Rollback:
                            "lower --ppo_lr, raise --kl_max, or allow more with "
                            "--rollback_max_in_row", 1)
         return True
+
+    def stop_line(self, it, kl):
+        """--stop_kl's log line when iteration it's (0-based) rollout, `kl` nats from the
+        reference, ended the run."""
+        return (f"ppo: stopped at iteration {it + 1}: its rollout is {kl:.2f} nats from the "
+                f"reference, above --stop_kl={self.kl_max}; the actor that made iteration {it}'s "
+                "rollout is kept")
 
     def keep_if_under(self, kl, actor, critic, opts, kl_ctl, anchor):
         """A rollout `kl` nats from the reference, at most kl_max: its state is the one to come

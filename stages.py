@@ -209,7 +209,7 @@ def run_ppo(cfg, base, run_dir, stamp, log=say):
     # The gold scores' normaliser, from the pretrained model's samples.
     gold_norm = gold_normaliser(store.load_json(os.path.join(base, "prefs.jsonl"), lines=True))
     metrics, beta = train_ppo(actor, critic, ref, rm, enc, prompts["train"], cfg, run_dir, stamp,
-                              log, gold_norm)
+                              log, gold_norm, prompts["heldout"])
     # torchrun: rank 0 evaluates and writes.
     if not dist.is_main():
         return None
@@ -227,6 +227,7 @@ def run_ppo(cfg, base, run_dir, stamp, log=say):
     final, _ = evaluate_policy(actor, enc, prompts["heldout"], run, full_ref, rm, cfg.eval.n_eval)
     summary = dict(final=final, reference_unchanged=unchanged, kl_coef_final=beta, stamp=stamp,
                    skipped_updates=metrics[-1]["policy/skipped_updates"],
+                   stopped_after=len(metrics) if len(metrics) < cfg.ppo.ppo_iters else None,
                    seconds=metrics[-1]["time/elapsed"])
     # n samples per held-out prompt.
     seed_everything(run.seed + 2)

@@ -1,0 +1,152 @@
+"""Overoptimization, as Gao, Schulman & Hilton 2022 measure it: gold against d = sqrt(KL) for
+best-of-n by the proxy and for PPO, and the two functional forms fitted to each.
+
+    python ablate.py --suite=overopt          # the runs, then overopt.json and overopt.png
+    python -m pytest -q tests/test_overopt.py
+
+Best-of-n (`best_of_n`): from a pool of N samples of the pretrained model for one prompt, sorted
+by proxy, the i-th smallest is the proxy-best of an n-subset in C(i-1, n-1) of the C(N, n)
+subsets, so the expected gold (and proxy) of the proxy-best of n is a weighted sum over the pool:
+unbiased, every subset counted (Nakano et al. 2021). Samples with equal proxy share their mean
+gold (a tie is broken at random). Its KL to the pretrained model is usually quoted as
+log n - (n - 1)/n (`kl_bon_formula`), an upper bound that is exact only for a continuous
+distribution without ties (Beirami et al. 2024); `kl_bon_pool` computes the exact KL of best-of-n
+drawn from the pool's own empirical distribution, where identical responses are one outcome and
+samples with equal proxy one rank, so the gap to the formula is measured, not assumed.
+The fits (`fit`): least squares, through the origin, of the gold gain over the pretrained model
+against d: best-of-n R(d) = d(α - β d), PPO R(d) = d(α - β log d); α, β, R², and the peak d* and
+the gain there.
+Left out: Gao et al.'s fits across proxy sizes (here the suite reports α, β per proxy, not a law
+over sizes), confidence bands on the fitted curves.
+"""
+import math
+import numpy as np
+
+import store
+
+
+def best_of_n(proxy, gold, ns):
+    """Expected (gold, proxy) of the proxy-best of n samples drawn without replacement from the
+    pool, for each n in ns (n <= N). Returns two lists, one value per n."""
+    order = np.argsort(np.asarray(proxy, dtype=float), kind="stable")
+    p = np.asarray(proxy, dtype=float)[order]
+    g = np.asarray(gold, dtype=float)[order]
+    # Equal proxies: each of them is the one picked equally often, so they share their mean gold.
+    for v in np.unique(p):
+        tied = p == v
+        g[tied] = g[tied].mean()
+    big_n = len(p)
+    golds, proxies = [], []
+    for n in ns:
+        # The i-th smallest (1-based) is the best of C(i - 1, n - 1) of the C(N, n) subsets.
+        w = np.array([math.comb(i - 1, n - 1) for i in range(1, big_n + 1)], dtype=float)
+        w = w / math.comb(big_n, n)
+        golds.append(float(w @ g))
+        proxies.append(float(w @ p))
+    return golds, proxies
+
+
+def kl_bon_formula(n):
+    """KL(best-of-n ‖ π) for a continuous reward without ties: log n - (n - 1)/n nats."""
+    return math.log(n) - (n - 1) / n
+
+
+def kl_bon_pool(proxy, n, ties=True):
+    """The exact KL (nats) from best-of-n to π when π is the pool's empirical distribution, each
+    sample 1/N. Outcomes are ranked by proxy; with ties=True samples of equal proxy (identical
+    responses among them) are one rank, whose share a random tie-break splits as π does, so they
+    share one log-ratio; ties=False ranks every sample on its own (the pool as if it had none).
+    With F the distribution function over ranks, best-of-n puts F_r^n - F_(r-1)^n on rank r."""
+    p = np.sort(np.asarray(proxy, dtype=float))
+    big_n = len(p)
+    if ties:
+        _, counts = np.unique(p, return_counts=True)
+    else:
+        counts = np.ones(big_n)
+    kl, below = 0.0, 0.0
+    for c in counts:
+        q = c / big_n
+        bon = (below + q) ** n - below ** n
+        if bon > 0:
+            kl += bon * math.log(bon / q)
+        below += q
+    return kl
+
+
+def distinct_ties(texts):
+    """How many of the pool's samples repeat an earlier one (identical text)."""
+    return len(texts) - len(set(texts))
+
+
+def fit(d, gain, form):
+    """Least squares of gain = d(α - β·f(d)) through the origin, f(d) = d for form "bon" and
+    log d for form "rl". Returns dict(alpha, beta, r2, d_peak, gain_peak); the peak is None when
+    the fitted curve never turns (β <= 0)."""
+    d = np.asarray(d, dtype=float)
+    y = np.asarray(gain, dtype=float)
+    second = d * d if form == "bon" else d * np.log(np.maximum(d, 1e-12))
+    # gain = α·d - β·second: two columns, no intercept.
+    cols = np.stack([d, -second], axis=1)
+    (alpha, beta), *_ = np.linalg.lstsq(cols, y, rcond=None)
+    resid = y - cols @ np.array([alpha, beta])
+    total = ((y - y.mean()) ** 2).sum()
+    r2 = 1.0 - float((resid ** 2).sum() / total) if total > 0 else 1.0
+    d_peak, gain_peak = None, None
+    if beta > 0 and form == "bon":
+        d_peak = alpha / (2 * beta)
+        gain_peak = alpha * alpha / (4 * beta)
+    if beta > 0 and form == "rl":
+        # dR/dd = α - β log d - β = 0.
+        d_peak = math.exp(alpha / beta - 1)
+        gain_peak = beta * d_peak
+    return dict(alpha=float(alpha), beta=float(beta), r2=r2, d_peak=d_peak, gain_peak=gain_peak)
+
+
+def curve(f, d, form):
+    """The fitted gain at each d."""
+    d = np.asarray(d, dtype=float)
+    second = d * d if form == "bon" else d * np.log(np.maximum(d, 1e-12))
+    return f["alpha"] * d - f["beta"] * second
+
+
+def at_kl(kl, values, targets):
+    """values interpolated at each KL in targets along a trajectory (in iteration order): at the
+    first pass through the target, linear between the two evaluations around it; None where the
+    trajectory never reaches it."""
+    out = []
+    for t in targets:
+        hit = None
+        for i in range(1, len(kl)):
+            lo, hi = kl[i - 1], kl[i]
+            if lo <= t <= hi and hi > lo:
+                hit = values[i - 1] + (values[i] - values[i - 1]) * (t - lo) / (hi - lo)
+                break
+        out.append(hit)
+    return out
+
+
+def plot(curves, png):
+    """overopt.png: gold (solid) and proxy (dashed) gain against d = sqrt(KL), one colour per
+    curve, with the fitted form dotted. curves: {label: dict(d, gold, proxy, fit, form)}. Skipped
+    without matplotlib."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for i, (label, c) in enumerate(curves.items()):
+        colour = f"C{i % 10}"
+        ax.plot(c["d"], c["gold"], color=colour, marker=".", label=f"{label}: gold")
+        ax.plot(c["d"], c["proxy"], color=colour, linestyle="--", linewidth=0.8)
+        if c.get("fit"):
+            grid = np.linspace(1e-3, max(c["d"]), 100)
+            ax.plot(grid, curve(c["fit"], grid, c["form"]), color=colour, linestyle=":")
+    ax.axhline(0, color="grey", linewidth=0.5)
+    ax.set_xlabel("d = sqrt(KL to the pretrained model), sqrt(nats)")
+    ax.set_ylabel("gain over the pretrained model (solid: gold; dashed: proxy; dotted: fit)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    store.save_figure(fig, png)
+    plt.close(fig)
