@@ -36,18 +36,24 @@ CONDITIONS.
 Its statistics (bootstrap intervals, paired differences), tables and plots are in tables.py.
 Left out: hyper-parameter search per condition; conditions are compared at one shared budget.
 """
-import multiprocessing, os, signal, sys, time
+import math, multiprocessing, os, shutil, signal, sys, time
+import numpy as np
 import torch
 
-import data, stages, store, tokenizer, train
+import data, overopt, stages, store, tokenizer, train
 from config import check_once, override
 from errors import RunError, die
-from evaluate import best_of_k, evaluate_policy, plot_bestofk, sample_texts
+from evaluate import best_of_k, during_ppo, evaluate_policy, plot_bestofk, sample_texts
+from kl import KLConfig
+from ppo import PPOConfig
 from precision import autocast
 from state import load_checkpoint
 from tables import (DEFAULT_CONDITION, beta_table, bestofk_cells, bestofk_curves, bestofk_table,
-                    plot, ref_table, summarise, verifiable_columns)
+                    overopt_tables, plot, ref_table, summarise, verifiable_columns)
 
+KL_TARGET = KLConfig().kl_target
+PPO_LR = PPOConfig().ppo_lr
+CONDITIONS_LR = {"no_kl": ["--kl_ctl=fixed", "--init_kl_coef=0"], "adaptive": []}
 # condition -> train.py flags. A condition in SAME_AS has the same flags as another and reuses its
 # runs.
 CONDITIONS = {
@@ -111,7 +117,32 @@ CONDITIONS = {
     "grpo_k3loss": ["--advantage=grpo", "--kl_in=loss", "--kl_estimator=k3", "--kl_ctl=fixed",
                     "--init_kl_coef=0.001"],
     "grpo_no_kl": ["--advantage=grpo", "--kl_ctl=fixed", "--init_kl_coef=0"],
+    # Is the penalty more than early stopping (overopt.py)? β = 0 stopped at the adaptive
+    # controller's target KL; the actor's learning rate at ¼ and 4 times the default.
+    "stop_at_target": ["--kl_ctl=fixed", "--init_kl_coef=0", f"--stop_kl={KL_TARGET:g}"],
+    **{f"{c}_lr_x{f:g}": CONDITIONS_LR[c] + [f"--ppo_lr={PPO_LR * f:g}"]
+       for c in ("no_kl", "adaptive") for f in (0.25, 4)},
+    # The proxy's size and data, and a second pretrained model (BASES says which).
+    "no_kl_rm1": ["--kl_ctl=fixed", "--init_kl_coef=0"],
+    "no_kl_rm4": ["--kl_ctl=fixed", "--init_kl_coef=0"],
+    "no_kl_pairs1500": ["--kl_ctl=fixed", "--init_kl_coef=0"],
+    "no_kl_pairs3000": ["--kl_ctl=fixed", "--init_kl_coef=0"],
+    "adaptive_model2": [],
+    "stop_model2": ["--kl_ctl=fixed", "--init_kl_coef=0", f"--stop_kl={KL_TARGET:g}"],
 }
+# condition -> (its base's folder name, the flags of the stages before PPO): a condition whose
+# reward model or pretrained model is not the main run's. Its base, out/ablate/bases/NAME, is made
+# by train.py's stages from a copy of the main run's world and pretrained model (what the flags
+# leave alone is reused); model2 reseeds everything, the world included.
+BASES = {"no_kl_rm1": ("rm_layers1", ["--rm_layers=1"]),
+         "no_kl_rm4": ("rm_layers4", ["--rm_layers=4"]),
+         "no_kl_pairs1500": ("pairs1500", ["--n_pairs=1500"]),
+         "no_kl_pairs3000": ("pairs3000", ["--n_pairs=3000"]),
+         "adaptive_model2": ("model2", ["--seed=4242"]),
+         "stop_model2": ("model2", ["--seed=4242"])}
+# Seeds at most, where a suite's axis is run with fewer than --seeds.
+FEWER_SEEDS = {**{f"{c}_lr_x{f:g}": 2 for c in ("no_kl", "adaptive") for f in (0.25, 4)},
+               "no_kl_rm1": 2, "no_kl_rm4": 2, "no_kl_pairs1500": 2, "no_kl_pairs3000": 2}
 SAME_AS = {"est_k1": "adaptive", "est_k1_reward": "adaptive", "est_k3_reward": "est_k3",
            "ref_full": "adaptive", "drift": "fixed_0.005"}
 CORE = ["no_kl", "rolling_ref", "fixed_0.005", "fixed_0.05", "fixed_0.5", "adaptive", "band",
@@ -130,8 +161,17 @@ SUITES = {
     "verifiable": ["gold_adaptive", "gold_no_kl", "gold_grpo_k3loss", "gold_grpo_no_kl",
                    "gold_rloo", "gold_forward_kl", "adaptive", "no_kl", "grpo_k3loss",
                    "grpo_no_kl"],
+    "overopt": ["no_kl", "beta_0.01", "beta_0.03", "beta_0.1", "adaptive", "stop_at_target",
+                "no_kl_lr_x0.25", "no_kl_lr_x4", "adaptive_lr_x0.25", "adaptive_lr_x4",
+                "no_kl_rm1", "no_kl_rm4", "no_kl_pairs1500", "no_kl_pairs3000",
+                "adaptive_model2", "stop_model2"],
 }
-SUITES["all"] = list(dict.fromkeys(c for suite in SUITES.values() for c in suite))
+# A suite's own budget, before the user's flags: overopt runs past the unpenalised run's peak and
+# evaluates every 10 iterations.
+SUITE_FLAGS = {"overopt": ["--ppo_iters=120", "--eval_every=10"]}
+# A suite with its own budget (SUITE_FLAGS) is not part of `all`.
+SUITES["all"] = list(dict.fromkeys(c for name, suite in SUITES.items() for c in suite
+                                   if name not in SUITE_FLAGS))
 # The main run's budget: train.py's rollout_batch, ppo_iters and n_eval.
 DEFAULTS = []
 QUICK = ["--rollout_batch=32", "--ppo_iters=12", "--n_eval=64"]
@@ -176,9 +216,11 @@ def parse(argv):
     if opts["quick"]:
         opts["seeds"] = min(opts["seeds"], 1)
     # Each run's flags and seed (--seed + k for run k < --seeds) fail here, before any work.
-    rest = override(DEFAULTS + (QUICK if opts["quick"] else []), user)
+    suite_flags = SUITE_FLAGS.get(opts["suite"], [])
+    budget = override(DEFAULTS + suite_flags, QUICK if opts["quick"] else [])
+    rest = override(budget, user)
     for c in conds:
-        cfg = train.parse(override(rest, CONDITIONS[c]))
+        cfg = train.parse(override(rest, base_flags(c) + CONDITIONS[c]))
     if cfg.run.seed + opts["seeds"] > 2 ** 31:
         die(f"--seed={cfg.run.seed} with --seeds={opts['seeds']}: a run's seed would be >= 2^31")
     for d in (cfg.run.out_dir, os.path.join(cfg.run.out_dir, opts["subdir"])):
@@ -297,6 +339,107 @@ def baseline_row(cfg, base, seed):
                 entropy=float("nan"), s_per_iter=0.0, critic_mb=0.0, **bestofk_cells(b))
 
 
+def base_flags(cond):
+    """The flags of the stages before PPO that a condition changes (BASES); none for most."""
+    return BASES[cond][1] if cond in BASES else []
+
+
+def seeds_of(cond, opts):
+    return min(opts["seeds"], FEWER_SEEDS.get(cond, opts["seeds"]))
+
+
+def make_base(rest, main, vdir, flags):
+    """The base of BASES' conditions in vdir: train.py's stages up to the reward model under rest
+    + flags. Unless the flags reseed, the main run's stages before the first one the flags change
+    (world, pretraining, reference, and the preference pairs unless --n_pairs changes) are copied
+    in first with their records, so only what the flags change is made."""
+    os.makedirs(vdir, exist_ok=True)
+    cfg = train.parse(override(rest, flags + ["--stage=all", f"--out_dir={vdir}"]))
+    cfg.run.fresh = False
+    reseeded = any(f.startswith("--seed=") for f in flags)
+    if not reseeded and not os.path.exists(os.path.join(vdir, "stages.json")):
+        # The stages before the first one whose fields the flags name are kept, with their records.
+        named = {f[2:].partition("=")[0] for f in flags}
+        kept = []
+        for st in stages.STAGES:
+            if named & set(st.fields):
+                break
+            kept.append(st)
+        for n in dict.fromkeys(n for st in kept for n in st.outputs):
+            if os.path.exists(os.path.join(main, n)):
+                shutil.copy(os.path.join(main, n), os.path.join(vdir, n))
+        records = store.load_records(main)
+        store.save_json(os.path.join(vdir, "stages.json"),
+                        {st.name: records[st.name] for st in kept if st.name in records})
+    train.run_stages(cfg, upto="reward")
+
+
+def bon_pool(cfg, base, n_prompts, n):
+    """Best-of-n's pool: n samples of base's pretrained model for each of n_prompts held-out
+    prompts (spread over the subjects), each with its gold and proxy score: {prompt: [(text,
+    gold, proxy)]}. Its own seed (--seed + 3)."""
+    run = cfg.run
+    enc = tokenizer.load_tokenizer(base, cfg.world.tokenizer)
+    actor, ref, rm = stages.load_models(base, run.device)
+    heldout = data.load_prompts(base)["heldout"]
+    prompts = heldout[::max(1, len(heldout) // n_prompts)][:n_prompts]
+    rows = [p for p in prompts for _ in range(n)]
+    stages.seed_everything(run.seed + 3)
+    with autocast(run.device, run.dtype):
+        _, examples = evaluate_policy(actor, enc, rows, run, ref, rm, len(rows))
+    pool = {}
+    for p, text, gold, proxy in examples:
+        pool.setdefault(p, []).append((text, gold, proxy))
+    return pool
+
+
+def overopt_report(cfg, rest, base, adir, order, rows, run_dir, pool):
+    """--suite=overopt: best-of-n on each base's pretrained model, each run's evaluation
+    trajectory from its metrics.jsonl (gains over the pretrained model evaluated on the same
+    stream), the fits and tables (tables.overopt_tables) into overopt.md and overopt.json, and
+    overopt.png. pool: (prompts, samples per prompt) of best-of-n. Returns the markdown."""
+    bases = {"main": base}
+    bases.update({BASES[c][0]: os.path.join(adir, "bases", BASES[c][0]) for c in order
+                  if c in BASES})
+    ns = [2 ** i for i in range(int(math.log2(pool[1])) + 1)]
+    bon = {name: overopt.bon_curve(bon_pool(cfg, b, *pool), ns) for name, b in bases.items()
+           if name == "main" or name.startswith("rm_") or name.startswith("pairs")}
+    trajs, starts = {}, {}
+    for cond in (c for c in order if c != "pretrained"):
+        b = bases[BASES[cond][0]] if cond in BASES else base
+        for r in (r for r in rows if r["condition"] == cond):
+            key = (b, r["seed"])
+            if key not in starts:
+                own = [f"--seed={r['seed']}", f"--out_dir={b}"]
+                scfg = train.parse(override(override(rest, base_flags(cond)), own))
+                enc = tokenizer.load_tokenizer(b, scfg.world.tokenizer)
+                actor, ref, rm = stages.load_models(b, scfg.run.device)
+                heldout = data.load_prompts(b)["heldout"]
+                with autocast(scfg.run.device, scfg.run.dtype):
+                    starts[key] = during_ppo(actor, enc, heldout, scfg.run, ref, rm, scfg.eval)
+            metrics = store.load_json(os.path.join(run_dir(cond, r["seed"]), "metrics.jsonl"),
+                                      lines=True)
+            trajs.setdefault(cond, {})[r["seed"]] = overopt.trajectory(metrics, starts[key])
+    md, res = overopt_tables(bon, trajs, rows, order, other_base=list(BASES))
+    res["trajectories"] = trajs
+    store.save_json(os.path.join(adir, "overopt.json"), res)
+    curves = {}
+    for name, r in res["bon"].items():
+        c = r["curve"]
+        curves[f"best-of-n ({name})"] = dict(d=c["d"], gold=c["gold"], proxy=c["proxy"],
+                                             fit=r["fit"], form="bon")
+    for cond, per_seed in trajs.items():
+        # The mean over seeds, up to the shortest trajectory (a stopped run ends early).
+        n = min(len(t["kl"]) for t in per_seed.values())
+        mean = {k: np.mean([t[k][:n] for t in per_seed.values()], 0) for k in ("kl", "gold",
+                                                                              "proxy")}
+        curves[cond] = dict(d=np.sqrt(np.maximum(mean["kl"], 0)), gold=mean["gold"],
+                            proxy=mean["proxy"], fit=res["fits"][cond], form="rl")
+    overopt.plot(curves, os.path.join(adir, "overopt.png"))
+    store.write_text(os.path.join(adir, "overopt.md"), md)
+    return md
+
+
 def folder(cond):
     """The folder a condition's runs live in: its twin's when SAME_AS names one (same flags, same
     runs)."""
@@ -361,8 +504,15 @@ def ablate(opts, rest):
         seed0 = cfg.run.seed
         threads = 1 if opts["jobs"] > 1 else 0
         # A SAME_AS condition runs once, in its twin's folder.
-        jobs = [(c, seed0 + k, rest, base, os.path.join(adir, c, f"seed{seed0 + k}"), threads)
-                for c in dict.fromkeys(map(folder, order)) for k in range(opts["seeds"])]
+        # The bases of conditions whose reward model or pretrained model differ (BASES).
+        made = {}
+        for c in (c for c in order if c in BASES):
+            name, flags = BASES[c]
+            made[c] = os.path.join(adir, "bases", name)
+            make_base(rest, base, made[c], flags)
+        jobs = [(c, seed0 + k, override(rest, base_flags(c)), made.get(c, base),
+                 os.path.join(adir, c, f"seed{seed0 + k}"), threads)
+                for c in dict.fromkeys(map(folder, order)) for k in range(seeds_of(c, opts))]
         t0, rows = time.time(), [baseline_row(cfg, base, seed0)]
         print(f"ablate: {len(jobs)} PPO runs ({opts['jobs']} at a time) into {adir}", flush=True)
         pool = None
@@ -417,6 +567,12 @@ def ablate(opts, rest):
             store.write_text(os.path.join(adir, f"results_{opts['suite']}.md"), report)
             if cheap:
                 store.write_text(os.path.join(adir, "results_ref.md"), ref_report)
+        if opts["suite"] == "overopt" and not opts["user_conditions"]:
+            # Best-of-n's pool: 12 prompts x 256 samples (--quick: 4 x 32).
+            pool = (4, 32) if opts["quick"] else (12, 256)
+            report += "\n" + overopt_report(cfg, rest, base, adir, order[1:], rows, run_dir,
+                                             pool)
+            store.write_text(os.path.join(adir, "results_overopt.md"), report)
         plot(rows, adir, order, run_dir)
         # The pretrained model against each actor.
         if gold:

@@ -150,3 +150,37 @@ def plot(curves, png):
     fig.tight_layout()
     store.save_figure(fig, png)
     plt.close(fig)
+
+
+def trajectory(rows, start):
+    """A run's evaluations from its metrics rows: lists kl, gold, proxy (gains over `start`, the
+    pretrained model's evaluation on the same stream), beginning at the pretrained model (KL 0)."""
+    evals = [r for r in rows if "eval/kl" in r]
+    kl = [0.0] + [r["eval/kl"] for r in evals]
+    gold = [0.0] + [r["eval/gold_mean"] - start["eval/gold_mean"] for r in evals]
+    proxy = [0.0] + [r["eval/proxy_mean"] - start["eval/proxy_mean"] for r in evals]
+    return dict(kl=kl, gold=gold, proxy=proxy, iters=[0] + [r["iter"] for r in evals])
+
+
+def bon_curve(pool, ns):
+    """Best-of-n over a pool {prompt: [(text, gold, proxy)]}: per n the mean over prompts of the
+    expected gold and proxy gain over n = 1, the formula's KL, the pool's exact KL with and
+    without ties, and d from the tie-aware KL."""
+    per = {k: [] for k in ("gold", "proxy", "kl_pool", "kl_no_ties")}
+    for samples in pool.values():
+        gold = [s[1] for s in samples]
+        proxy = [s[2] for s in samples]
+        g, p = best_of_n(proxy, gold, ns)
+        per["gold"].append([x - g[0] for x in g])
+        per["proxy"].append([x - p[0] for x in p])
+        per["kl_pool"].append([kl_bon_pool(proxy, n) for n in ns])
+        per["kl_no_ties"].append([kl_bon_pool(proxy, n, ties=False) for n in ns])
+    out = {k: [float(x) for x in np.mean(v, 0)] for k, v in per.items()}
+    out["n"] = list(ns)
+    out["kl_formula"] = [kl_bon_formula(n) for n in ns]
+    out["d"] = [math.sqrt(max(k, 0.0)) for k in out["kl_pool"]]
+    texts = [s[0] for samples in pool.values() for s in samples]
+    repeats = sum(distinct_ties([s[0] for s in samples]) for samples in pool.values())
+    out["repeats"] = repeats
+    out["samples"] = len(texts)
+    return out

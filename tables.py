@@ -11,10 +11,10 @@ results.jsonl) and, for the curves, each run's metrics.jsonl in the folder `run_
 seed)` ablate.py names.
 Left out: corrections for many comparisons, intervals for the curves.
 """
-import json, os
+import json, math, os
 import numpy as np
 
-import store
+import overopt, store
 
 # The paired comparisons are against this row (the main run's settings).
 DEFAULT_CONDITION = "adaptive"
@@ -240,3 +240,100 @@ def plot(rows, adir, order, run_dir):
         fig.tight_layout()
         store.save_figure(fig, os.path.join(adir, "beta.png"))
         plt.close(fig)
+
+
+def cell(ci):
+    """mean [low, high] of a bootstrap_ci, or the mean alone for one value, or "-" for none."""
+    if ci is None:
+        return "-"
+    mean, lo, hi = ci[:3]
+    return f"{mean:+.2f}" if lo == hi else f"{mean:+.2f} [{lo:+.2f}, {hi:+.2f}]"
+
+
+def ci_or_none(values):
+    values = [v for v in values if v is not None]
+    return bootstrap_ci(values) if values else None
+
+
+def overopt_tables(bon, trajs, rows, order, other_base=(), kls=(2, 4, 6, 8), against="no_kl"):
+    """The overopt suite's tables (markdown) and numbers (a dict): bon {base: overopt.bon_curve},
+    trajs {condition: {seed: overopt.trajectory}}, rows ablate.py's final rows. Gold and proxy gain
+    at equal KL (each seed's trajectory interpolated, mean over seeds and the paired difference
+    from `against`, for the conditions not in other_base: those on another reward or pretrained
+    model), the fitted forms, and the key pairs' final evaluations."""
+    res = dict(bon={}, fits={}, at_kl={}, pairs={})
+    lines = ["## Best-of-n by the proxy (the pretrained model's pool)\n"]
+    for name, b in bon.items():
+        f = overopt.fit(b["d"], b["gold"], "bon")
+        res["bon"][name] = dict(curve=b, fit=f)
+        lines += [f"\n{name}: {b['samples']} samples, {b['repeats']} of them repeat an earlier "
+                  f"one for their prompt. Fit d(α - βd): α {f['alpha']:.3f}, β {f['beta']:.3f}, "
+                  f"R² {f['r2']:.3f}, peak {peak(f)}.\n",
+                  "| n | KL formula | KL pool, ties | KL pool, no ties | d | gold gain | "
+                  "proxy gain |", "|---|---|---|---|---|---|---|"]
+        for i, n in enumerate(b["n"]):
+            lines.append(f"| {n} | {b['kl_formula'][i]:.3f} | {b['kl_pool'][i]:.3f} | "
+                         f"{b['kl_no_ties'][i]:.3f} | {b['d'][i]:.3f} | {b['gold'][i]:+.3f} | "
+                         f"{b['proxy'][i]:+.3f} |")
+    lines += ["\n## PPO: gold and proxy gain at equal KL (nats), mean [95 % interval] over seeds\n",
+              "| condition | seeds | " + " | ".join(f"gold at {k}" for k in kls) + " | "
+              + " | ".join(f"proxy at {k}" for k in kls) + " | fit d(α - β log d): α, β, R² "
+              "| peak d*, gain |", "|---|---|" + "---|" * (2 * len(kls) + 2)]
+    for cond in (c for c in order if c in trajs):
+        per_seed = trajs[cond]
+        gold = {s: overopt.at_kl(t["kl"], t["gold"], kls) for s, t in per_seed.items()}
+        proxy = {s: overopt.at_kl(t["kl"], t["proxy"], kls) for s, t in per_seed.items()}
+        d = [math.sqrt(max(k, 0.0)) for t in per_seed.values() for k in t["kl"]]
+        g = [x for t in per_seed.values() for x in t["gold"]]
+        f = overopt.fit(d, g, "rl")
+        res["fits"][cond] = f
+        res["at_kl"][cond] = dict(gold=gold, proxy=proxy)
+        gcells = [cell(ci_or_none([gold[s][i] for s in gold])) for i in range(len(kls))]
+        pcells = [cell(ci_or_none([proxy[s][i] for s in proxy])) for i in range(len(kls))]
+        lines.append(f"| {cond} | {len(per_seed)} | " + " | ".join(gcells + pcells)
+                     + f" | {f['alpha']:.3f}, {f['beta']:.3f}, {f['r2']:.2f} | {peak(f)} |")
+    if against in trajs:
+        lines += [f"\nPaired by seed, condition minus {against} at equal KL (gold; an interval "
+                  "holding 0 is not separated):\n",
+                  "| condition | " + " | ".join(f"gold at {k}" for k in kls) + " |",
+                  "|---|" + "---|" * len(kls)]
+        base = res["at_kl"][against]["gold"]
+        for cond in (c for c in order if c in trajs and c != against and c not in other_base):
+            mine = res["at_kl"][cond]["gold"]
+            cells = []
+            for i in range(len(kls)):
+                diffs = [mine[s][i] - base[s][i] for s in mine
+                         if s in base and mine[s][i] is not None and base[s][i] is not None]
+                if len(diffs) >= 2:
+                    cells.append(verdict(bootstrap_ci(diffs) + (len(diffs),)))
+                else:
+                    cells.append(cell(ci_or_none(diffs)))
+            lines.append(f"| {cond} | " + " | ".join(cells) + " |")
+    pairs = [("adaptive", "stop_at_target"), ("adaptive_model2", "stop_model2")]
+    lines += ["\n## The key pair: the penalty against stopping at its KL (final evaluations)\n",
+              "| pair | seeds | gold, penalty | gold, stopped | gold difference | KL, penalty | "
+              "KL, stopped |", "|---|---|---|---|---|---|---|"]
+    both = []
+    for a, b in pairs:
+        ci = paired_ci(rows, a, b, "gold_mean")
+        if ci is None:
+            continue
+        both += [ra["gold_mean"] - rb["gold_mean"] for ra in rows if ra["condition"] == a
+                 for rb in rows if rb["condition"] == b and rb["seed"] == ra["seed"]]
+        res["pairs"][f"{a} - {b}"] = ci
+        cols = [ci_or_none([r[k] for r in rows if r["condition"] == c])
+                for k, c in (("gold_mean", a), ("gold_mean", b))]
+        kl = [np.mean([r["kl"] for r in rows if r["condition"] == c]) for c in (a, b)]
+        lines.append(f"| {a} - {b} | {ci[3]} | {cell(cols[0])} | {cell(cols[1])} | "
+                     f"{verdict(ci)} | {kl[0]:.2f} | {kl[1]:.2f} |")
+    if len(both) >= 2:
+        ci = bootstrap_ci(both) + (len(both),)
+        res["pairs"]["both models"] = ci
+        lines.append(f"| both pretrained models | {len(both)} | | | {verdict(ci)} | | |")
+    return "\n".join(lines) + "\n", res
+
+
+def peak(f):
+    if f["d_peak"] is None:
+        return "none (β <= 0)"
+    return f"d* {f['d_peak']:.2f} (KL {f['d_peak'] ** 2:.1f}), gain {f['gain_peak']:+.2f}"
