@@ -15,6 +15,9 @@ seeds each.
                                          # (default: 2 processes, 1 thread each)
     python ablate.py --suite=cheap       # cheaper references and the KL rollback
                                          # -> also out/ablate/results_ref.md
+    python ablate.py --suite=overopt     # is the penalty more than early stopping? 120
+                                         # iterations, held-out evaluation every 10, best-of-n
+                                         # -> also overopt.md, overopt.json, overopt.png
     python ablate.py --fresh             # this command's runs again from the start
                                          # (never the main run: train.py's)
 
@@ -33,6 +36,12 @@ The pretrained model, frozen reference and reward model come from the main run f
 built by train.py's stages when missing), so only PPO differs between rows. Every condition gets
 the same iterations, batch and learning rates; a condition changes only the KL settings named in
 CONDITIONS.
+A condition in BASES runs on another base instead: a reward model of other size or data, or a
+second pretrained model (world, pretraining and reward model reseeded), made under
+--out_dir/SUBDIR/bases/NAME by train.py's stages from what the main run already has.
+The overopt suite (SUITE_FLAGS: its own budget, not part of `all`) adds best-of-n by the proxy on
+each base's pretrained model and each run's evaluation trajectory, fitted as Gao et al. 2022 do
+(overopt.py).
 Its statistics (bootstrap intervals, paired differences), tables and plots are in tables.py.
 Left out: hyper-parameter search per condition; conditions are compared at one shared budget.
 """

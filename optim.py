@@ -108,30 +108,34 @@ NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 
 def newton_schulz(g, steps=5, dtype=torch.float32):
     """The orthogonalised g: about U·Vᵀ of g = U·S·Vᵀ, by `steps` quintic iterations X ← aX +
-    (bA + cA²)X with A = X·Xᵀ, run in `dtype` (fp32 where bf16 is emulated). (rows, cols) in,
-    (rows, cols) out, as g's dtype."""
+    (bA + cA²)X with A = X·Xᵀ, run in `dtype` (fp32 where bf16 is emulated). g: (rows, cols), or
+    a stack (n, rows, cols) of one shape, each matrix orthogonalised on its own (one batched
+    multiply for all). Returns g's shape and dtype."""
     a, b, c = NS_COEFFICIENTS
-    x = g.to(dtype)
+    x = g.to(dtype).reshape(-1, g.size(-2), g.size(-1))  # (n, rows, cols)
     # The Gram matrix X·Xᵀ is the smaller one when the wide side is the columns.
-    tall = g.size(0) > g.size(1)
+    tall = g.size(-2) > g.size(-1)
     if tall:
-        x = x.T
-    # Every singular value at most 1: divide by the Frobenius norm.
-    x = x / x.norm().clamp(min=1e-7)
+        x = x.mT
+    # Every singular value at most 1: divide each matrix by its Frobenius norm.
+    x = x / x.norm(dim=(1, 2), keepdim=True).clamp(min=1e-7)
     for _ in range(steps):
-        gram = x @ x.T
-        x = a * x + (b * gram + c * gram @ gram) @ x
+        gram = x @ x.mT  # (n, small, small)
+        # bA + cA², then aX + (bA + cA²)X: each one fused multiply-add.
+        poly = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)
+        x = torch.baddbmm(x, poly, x, beta=a)
     if tall:
-        x = x.T
-    return x.to(g.dtype)
+        x = x.mT
+    return x.reshape(g.shape).to(g.dtype)
 
 
 class Muon(torch.optim.Optimizer):
     """Muon for 2-D matrices: Nesterov momentum, its update orthogonalised by `newton_schulz`
     in `ns_dtype`, scaled per shape by sqrt(max(1, rows/cols)), and decoupled weight decay
     (θ ← θ(1 − lr·wd) − lr·scale·O). torch.optim.Muon's update, with the iteration's dtype a
-    choice (torch's is always bf16). Its state (one momentum buffer per matrix) saves and loads
-    with torch.optim.Optimizer's state_dict."""
+    choice (torch's is always bf16) and the matrices of one shape orthogonalised as one batch.
+    Its state (one momentum buffer per matrix) saves and loads with torch.optim.Optimizer's
+    state_dict."""
 
     def __init__(self, params, lr, momentum, weight_decay, ns_dtype=torch.float32):
         super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay))
@@ -141,16 +145,22 @@ class Muon(torch.optim.Optimizer):
     def step(self):
         for group in self.param_groups:
             lr, mu = group["lr"], group["momentum"]
+            by_shape = {}
             for p in group["params"]:
-                if p.grad is None:
-                    continue
-                buf = self.state[p].setdefault("momentum_buffer", torch.zeros_like(p))
-                # buf ← μ·buf + (1 − μ)·g; Nesterov looks one step ahead: (1 − μ)·g + μ·buf.
-                buf.lerp_(p.grad, 1 - mu)
-                update = newton_schulz(p.grad.lerp(buf, mu), dtype=self.ns_dtype)
-                scale = math.sqrt(max(1.0, p.size(0) / p.size(1)))
-                p.mul_(1 - lr * group["weight_decay"])
-                p.add_(update, alpha=-lr * scale)
+                if p.grad is not None:
+                    by_shape.setdefault(p.shape, []).append(p)
+            for shape, params in by_shape.items():
+                ahead = []
+                for p in params:
+                    buf = self.state[p].setdefault("momentum_buffer", torch.zeros_like(p))
+                    # buf ← μ·buf + (1 − μ)·g; Nesterov looks one step ahead: (1 − μ)·g + μ·buf.
+                    buf.lerp_(p.grad, 1 - mu)
+                    ahead.append(p.grad.lerp(buf, mu))
+                updates = newton_schulz(torch.stack(ahead), dtype=self.ns_dtype)  # (n, rows, cols)
+                scale = math.sqrt(max(1.0, shape[0] / shape[1]))
+                for p, update in zip(params, updates, strict=True):
+                    p.mul_(1 - lr * group["weight_decay"])
+                    p.add_(update, alpha=-lr * scale)
 
 
 def make_optimizers(actor, critic, cfg):

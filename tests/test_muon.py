@@ -104,3 +104,12 @@ def test_pretrain_optimizer_runs_newton_schulz_in_the_runs_dtype(dtype, want):
     model = GPT(GPTConfig(block_size=16, vocab_size=40, n_layer=2, n_head=2, n_embd=16))
     opt = optim.pretrain_optimizer(model, PretrainConfig(optimizer="muon"), dtype)
     assert isinstance(opt.opts[0], optim.Muon) and opt.opts[0].ns_dtype == want
+
+
+def test_a_stack_is_orthogonalised_matrix_by_matrix():
+    """Muon orthogonalises the matrices of one shape as one batch: each must come out as it would alone."""
+    stack = torch.randn(3, 24, 72, generator=torch.Generator().manual_seed(7)) * torch.tensor([0.1, 1.0, 30.0])[:, None, None]
+    got = optim.newton_schulz(stack, dtype=torch.float64)
+    for i in range(3):
+        want, _ = svd_quintic(stack[i])
+        assert float((got[i].double() - want).norm() / want.norm()) < 1e-5
