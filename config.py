@@ -85,16 +85,16 @@ PRESETS = {"default": {},
            # in bf16 keep the matrix units busy at batch 64 x 256 tokens; block 256 holds the
            # longest prompt + 64 response tokens with room to spare. The world grows 5x (about
            # 24 MB of reviews) so 3000 iterations (49 M tokens, ~7 passes) do not just memorise
-           # it; a larger model wants a smaller lr (nanoGPT's 10 M model uses 1e-3). 30,000
-           # preference pairs and PPO rollouts of 512 (8x) give the reward model and the policy
-           # gradient less noise; kl_horizon grows with the sequences seen so β can still move
-           # about 20 % per horizon.
+           # it; a larger model wants a smaller lr (nanoGPT's 10 M model uses 1e-3, with AdamW, as
+           # here). 30,000 preference pairs and PPO rollouts of 512 (8x) give the reward model and
+           # the policy gradient less noise; kl_horizon grows with the sequences seen so β can still
+           # move about 20 % per horizon.
            "gpu": dict(n_reviews=200000, n_layer=8, n_head=8, n_embd=512, block_size=256,
                        dropout=0.0, max_iters=3000, batch_size=64, lr=1e-3, min_lr=1e-4,
-                       warmup_iters=100, eval_interval=250, eval_iters=20, n_samples=500,
-                       dtype="bf16", compile=True, n_pairs=30000, rm_epochs=2, rm_layers=0,
-                       rm_lr=3e-4, rm_batch_size=64, rollout_batch=512, minibatch_size=128,
-                       ppo_iters=100, kl_horizon=10000, n_eval=1000, save_interval=20)}
+                       optimizer="adamw", warmup_iters=100, eval_interval=250, eval_iters=20,
+                       n_samples=500, dtype="bf16", compile=True, n_pairs=30000, rm_epochs=2,
+                       rm_layers=0, rm_lr=3e-4, rm_batch_size=64, rollout_batch=512,
+                       minibatch_size=128, ppo_iters=100, kl_horizon=10000, n_eval=1000, save_interval=20)}
 # The model's vocabulary comes from the tokenizer, not a flag.
 SKIP = {("GPTConfig", "vocab_size")}
 

@@ -102,7 +102,7 @@ def test_a_muon_pretraining_learns_and_beats_adamw_at_this_budget(muon, world, t
     vals = [r["val_loss"] for r in log]
     assert [r["iter"] for r in log] == [15, 30, 45, 60]
     assert all(x > y for x, y in zip(vals, vals[1:])), vals           # every estimate lower than the one before
-    adamw, _ = pretrain(world, tmp_path / "adamw", SMOKE)
+    adamw, _ = pretrain(world, tmp_path / "adamw", SMOKE + ["--optimizer=adamw"])
     assert vals[-1] < adamw["val_loss"] - 0.1, (vals[-1], adamw["val_loss"])
 
 

@@ -65,7 +65,7 @@ def test_bad_flag_from_the_command_line():
 def test_help_lists_every_flag_with_its_rule():
     p = subprocess.run([sys.executable, "train.py", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0
-    for name in ["--max_iters=900 (>0)", "--kl_ctl=adaptive (fixed|adaptive|band|linear)", "--n_pairs=", "--gamma=1.0",
+    for name in ["--max_iters=500 (>0)", "--kl_ctl=adaptive (fixed|adaptive|band|linear)", "--n_pairs=", "--gamma=1.0",
                  "--out_dir=", "--missing_eos_penalty=", "--save_interval="]:
         assert name in p.stdout, name
 
