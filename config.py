@@ -94,7 +94,8 @@ PRESETS = {"default": {},
                        optimizer="adamw", warmup_iters=100, eval_interval=250, eval_iters=20,
                        n_samples=500, dtype="bf16", compile=True, n_pairs=30000, rm_epochs=2,
                        rm_layers=0, rm_lr=3e-4, rm_batch_size=64, rollout_batch=512,
-                       minibatch_size=128, ppo_iters=100, kl_horizon=10000, n_eval=1000, save_interval=20)}
+                       minibatch_size=128, ppo_iters=100, kl_horizon=10000, n_eval=1000,
+                       save_interval=20)}
 # The model's vocabulary comes from the tokenizer, not a flag.
 SKIP = {("GPTConfig", "vocab_size")}
 
