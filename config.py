@@ -73,9 +73,13 @@ class WorldConfig:
                          "cached locally)", choices=["bpe", "gpt2"])
 
 
+# The smoke preset pretrains with AdamW: the end-to-end tests' thresholds (cheap references' logit
+# error, the penalty's effect in 3 iterations, a diverging lr) were set on its model; Muon's own
+# tests run Muon on the smoke world (tests/test_pretrain_optim.py).
 PRESETS = {"default": {},
            "smoke": dict(n_reviews=3000, vocab_size=300, n_layer=2, n_embd=64, n_head=2,
                          block_size=96, max_iters=150, batch_size=32, warmup_iters=10,
+                         optimizer="adamw",
                          eval_interval=50, eval_iters=2, n_samples=16, response_length=40,
                          n_pairs=600, rm_epochs=2, rm_val_frac=0.25, ppo_iters=3,
                          rollout_batch=16, minibatch_size=8, ppo_epochs=2, n_eval=16,

@@ -75,8 +75,14 @@ def test_the_verifiable_suite_reports_best_of_k_and_what_the_critic_costs(run):
 
 
 def test_suites_name_known_conditions_and_all_is_their_union():
+    """`all` is the union of the suites that run at the main budget; a suite with its own budget (SUITE_FLAGS:
+    overopt) is not in it, and each of its BASES conditions names a base and flags that parse."""
     assert all(c in ablate.CONDITIONS for suite in ablate.SUITES.values() for c in suite)
-    assert set(ablate.SUITES["all"]) == set().union(*(ablate.SUITES[s] for s in ablate.SUITES if s != "all"))
+    plain = [s for s in ablate.SUITES if s != "all" and s not in ablate.SUITE_FLAGS]
+    assert set(ablate.SUITES["all"]) == set().union(*(ablate.SUITES[s] for s in plain))
+    assert "overopt" in ablate.SUITE_FLAGS and not set(ablate.SUITES["overopt"]) <= set(ablate.SUITES["all"])
+    for c, (name, flags) in ablate.BASES.items():
+        assert c in ablate.SUITES["overopt"] and name and train.parse(flags + ablate.CONDITIONS[c])
     for c, twin in ablate.SAME_AS.items():                              # twins have the very same config
         assert flat(train.parse(ablate.CONDITIONS[c])) == flat(train.parse(ablate.CONDITIONS[twin])), c
     opts, rest = ablate.parse(["--suite=all", "--preset=smoke", "--n_layer=3"])   # every flag parses (shared_2: 3+)
