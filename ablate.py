@@ -17,7 +17,7 @@ seeds each.
                                          # -> also out/ablate/results_ref.md
     python ablate.py --suite=overopt     # is the penalty more than early stopping? 120
                                          # iterations, held-out evaluation every 10, best-of-n
-                                         # -> also overopt.md, overopt.json, overopt.png
+                                         # -> out/ablate_overopt/ (overopt.md, .json, .png)
     python ablate.py --fresh             # this command's runs again from the start
                                          # (never the main run: train.py's)
 
@@ -39,8 +39,8 @@ CONDITIONS.
 A condition in BASES runs on another base instead: a reward model of other size or data, or a
 second pretrained model (world, pretraining and reward model reseeded), made under
 --out_dir/SUBDIR/bases/NAME by train.py's stages from what the main run already has.
-The overopt suite (SUITE_FLAGS: its own budget, not part of `all`) adds best-of-n by the proxy on
-each base's pretrained model and each run's evaluation trajectory, fitted as Gao et al. 2022 do
+The overopt suite (SUITE_FLAGS: its own budget, so its own folder, and not part of `all`) adds
+best-of-n by the proxy on the main, rm_layers and pairs bases' pretrained models and each run's evaluation trajectory, fitted as Gao et al. 2022 do
 (overopt.py).
 Its statistics (bootstrap intervals, paired differences), tables and plots are in tables.py.
 Left out: hyper-parameter search per condition; conditions are compared at one shared budget.
@@ -218,8 +218,10 @@ def parse(argv):
         die(f"--seeds and --jobs must be >= 1 (got {opts['seeds']} and {opts['jobs']})")
     # --quick runs have other budgets: their own folder, so they never replace the main-budget runs
     # of out/ablate
-    if opts["quick"] and not any(a.startswith("--subdir=") for a in argv):
-        opts["subdir"] = "ablate_quick"
+    # A suite with its own budget (SUITE_FLAGS) likewise runs in out/ablate_SUITE.
+    own = f"ablate_{opts['suite']}" if opts["suite"] in SUITE_FLAGS else "ablate"
+    if not any(a.startswith("--subdir=") for a in argv):
+        opts["subdir"] = own + "_quick" if opts["quick"] else own
     if not opts["subdir"] or os.sep in opts["subdir"] or opts["subdir"].startswith("."):
         die(f"bad value for --subdir: {opts['subdir']!r} (a plain folder name)")
     if opts["quick"]:
@@ -229,7 +231,9 @@ def parse(argv):
     budget = override(DEFAULTS + suite_flags, QUICK if opts["quick"] else [])
     rest = override(budget, user)
     for c in conds:
-        cfg = train.parse(override(rest, base_flags(c) + CONDITIONS[c]))
+        train.parse(override(rest, base_flags(c) + CONDITIONS[c]))
+    # The runs' seeds come from --seed (a base's own seed is not a run's).
+    cfg = train.parse(rest)
     if cfg.run.seed + opts["seeds"] > 2 ** 31:
         die(f"--seed={cfg.run.seed} with --seeds={opts['seeds']}: a run's seed would be >= 2^31")
     for d in (cfg.run.out_dir, os.path.join(cfg.run.out_dir, opts["subdir"])):
@@ -551,7 +555,8 @@ def ablate(opts, rest):
         ks = [int(c[5:]) for c in rows[0] if c.startswith("best_")]
         against = "gold_adaptive" if "gold_adaptive" in order else DEFAULT_CONDITION
         columns = dict(zip(("columns", "paired"), verifiable_columns(max(ks)))) if gold else {}
-        table = summarise(rows, order, base=against, **columns)
+        # Pairs by seed are made within the main base: a BASES condition has its own models.
+        table = summarise(rows, [c for c in order if c not in BASES], base=against, **columns)
         if gold:
             heading = ("\nBest of k (expected best gold among k samples per prompt) and pass@k, "
                        "mean over seeds:\n\n")
@@ -587,7 +592,8 @@ def ablate(opts, rest):
         if gold:
             curves = bestofk_curves(rows, order, cfg.eval.pass_gold, ks)
             plot_bestofk(curves, os.path.join(adir, "bestofk.png"))
-        write_examples(cfg, base, adir, order, seed0)
+        # The main base's conditions: another base has its own world and tokenizer.
+        write_examples(cfg, base, adir, [c for c in order if c not in BASES], seed0)
         print(table)
 
 

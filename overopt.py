@@ -81,7 +81,7 @@ def distinct_ties(texts):
 def fit(d, gain, form):
     """Least squares of gain = d(α - β·f(d)) through the origin, f(d) = d for form "bon" and
     log d for form "rl". Returns dict(alpha, beta, r2, d_peak, gain_peak); the peak is None when
-    the fitted curve never turns (β <= 0)."""
+    the fitted curve never turns (β <= 0) or, for "rl", turns only beyond d = e^50."""
     d = np.asarray(d, dtype=float)
     y = np.asarray(gain, dtype=float)
     second = d * d if form == "bon" else d * np.log(np.maximum(d, 1e-12))
@@ -95,8 +95,8 @@ def fit(d, gain, form):
     if beta > 0 and form == "bon":
         d_peak = alpha / (2 * beta)
         gain_peak = alpha * alpha / (4 * beta)
-    if beta > 0 and form == "rl":
-        # dR/dd = α - β log d - β = 0.
+    # dR/dd = α - β log d - β = 0; a peak far beyond the data (log d* > 50) is reported as none.
+    if beta > 0 and form == "rl" and alpha / beta - 1 < 50:
         d_peak = math.exp(alpha / beta - 1)
         gain_peak = beta * d_peak
     return dict(alpha=float(alpha), beta=float(beta), r2=r2, d_peak=d_peak, gain_peak=gain_peak)
@@ -169,7 +169,11 @@ def bon_curve(pool, ns):
     per = {k: [] for k in ("gold", "proxy", "kl_pool", "kl_no_ties")}
     for samples in pool.values():
         gold = [s[1] for s in samples]
-        proxy = [s[2] for s in samples]
+        # One proxy per text: the same response scored in two batches may differ in its last bits.
+        first = {}
+        for s in samples:
+            first.setdefault(s[0], s[2])
+        proxy = [first[s[0]] for s in samples]
         g, p = best_of_n(proxy, gold, ns)
         per["gold"].append([x - g[0] for x in g])
         per["proxy"].append([x - p[0] for x in p])

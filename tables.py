@@ -335,5 +335,5 @@ def overopt_tables(bon, trajs, rows, order, other_base=(), kls=(2, 4, 6, 8), aga
 
 def peak(f):
     if f["d_peak"] is None:
-        return "none (β <= 0)"
+        return "none in reach (β <= 0, or d* > e^50)"
     return f"d* {f['d_peak']:.2f} (KL {f['d_peak'] ** 2:.1f}), gain {f['gain_peak']:+.2f}"

@@ -74,6 +74,13 @@ def test_the_verifiable_suite_reports_best_of_k_and_what_the_critic_costs(run):
     assert os.path.exists(os.path.join(adir, "bestofk.png"))
 
 
+def test_a_suite_with_its_own_budget_has_its_own_folder():
+    for argv, subdir in ((["--suite=overopt"], "ablate_overopt"), (["--suite=overopt", "--quick"], "ablate_overopt_quick"),
+                         (["--suite=core"], "ablate"), (["--quick"], "ablate_quick"),
+                         (["--suite=overopt", "--subdir=mine"], "mine")):
+        assert ablate.parse(argv + ["--preset=smoke"])[0]["subdir"] == subdir, argv
+
+
 def test_suites_name_known_conditions_and_all_is_their_union():
     """`all` is the union of the suites that run at the main budget; a suite with its own budget (SUITE_FLAGS:
     overopt) is not in it, and each of its BASES conditions names a base and flags that parse."""

@@ -143,3 +143,17 @@ def test_a_stopped_run_killed_before_or_after_its_stop_ends_the_same(run, stoppe
     again, rows = ppo_run(run, out, *stopped["flags"])
     assert no_time(rows) == no_time(stopped["rows"]) and again["final"] == stopped["summary"]["final"]
     assert again["stopped_after"] == 2
+
+
+def test_a_fit_whose_peak_lies_far_beyond_the_data_says_none_instead_of_overflowing():
+    d = np.linspace(0.1, 4.0, 25)
+    f = overopt.fit(d, 0.4 * d - 0.0005 * d * np.log(d), "rl")
+    assert f["beta"] == pytest.approx(0.0005, abs=1e-9) and f["d_peak"] is None and f["gain_peak"] is None
+
+
+def test_one_text_scored_twice_is_one_outcome_in_the_pool():
+    """The same response scored in two batches may differ in the last bits: bon_curve merges by text."""
+    pool = {"p": [("a", 1.0, 0.5), ("a", 1.0, 0.5 + 1e-7), ("b", 0.0, 0.2), ("c", 2.0, 0.9)]}
+    merged = overopt.bon_curve(pool, [1, 2])
+    assert merged["kl_pool"][1] == pytest.approx(overopt.kl_bon_pool([0.5, 0.5, 0.2, 0.9], 2))
+    assert merged["repeats"] == 1
