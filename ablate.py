@@ -40,8 +40,8 @@ A condition in BASES runs on another base instead: a reward model of other size 
 second pretrained model (world, pretraining and reward model reseeded), made under
 --out_dir/SUBDIR/bases/NAME by train.py's stages from what the main run already has.
 The overopt suite (SUITE_FLAGS: its own budget, so its own folder, and not part of `all`) adds
-best-of-n by the proxy on the main, rm_layers and pairs bases' pretrained models and each run's evaluation trajectory, fitted as Gao et al. 2022 do
-(overopt.py).
+best-of-n by the proxy on the main, rm_layers and pairs bases' pretrained models and each run's
+evaluation trajectory, fitted as Gao et al. 2022 do (overopt.py).
 Its statistics (bootstrap intervals, paired differences), tables and plots are in tables.py.
 Left out: hyper-parameter search per condition; conditions are compared at one shared budget.
 """
