@@ -10,7 +10,8 @@ A number may differ from the run's by half a unit of its last printed digit (the
 rounding: the same seed on the same machine gives the same numbers), plus --slack (another seed
 or CPU moves them; README says by how much). Each number that differs by more is printed with
 both values, and the exit code is 1; when all agree, one line says so and the exit code is 0.
-Bad input (no table, an unknown row, a missing report) is one line on stderr, exit 2.
+Bad input (no table, an unknown or a missing row, a missing report) is one line on stderr, exit 2;
+a number that is not finite in the report always differs.
 Left out: ANSWER.md's tables (each names the command that made it).
 """
 import json, os, re, sys
@@ -58,7 +59,11 @@ def allowed(printed, slack):
 def differences(text, report, slack=0.0):
     """(number of values checked, [lines naming each value that differs by more than allowed])."""
     checked, lines = 0, []
-    for name, cells in table_rows(text):
+    rows = table_rows(text)
+    missing = [name for name in ROWS if name not in [r[0] for r in rows]]
+    if missing:
+        raise ValueError(f"the table has no row {missing[0]!r}")
+    for name, cells in rows:
         if name not in ROWS:
             raise ValueError(f"the table's row {name!r} names no report column (known: "
                              f"{', '.join(ROWS)})")
@@ -71,7 +76,8 @@ def differences(text, report, slack=0.0):
             for column, shown in zip(columns, printed):
                 actual = report[policy][column]
                 checked += 1
-                if abs(float(shown) - actual) > allowed(shown, slack):
+                # A NaN is never within any tolerance.
+                if not abs(float(shown) - actual) <= allowed(shown, slack):
                     lines.append(f"{name}, {policy} ({column}): README {shown}, run {actual:.4f} "
                                  f"(allowed ±{allowed(shown, slack):.4g})")
     return checked, lines

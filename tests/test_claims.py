@@ -56,7 +56,8 @@ def test_bad_input_is_one_line_and_exit_2(run, tmp_path, capsys, argv, why):
 def test_a_readme_without_the_table_or_with_an_unknown_row_is_refused(run, tmp_path, capsys):
     path, _ = smoke_readme(run, tmp_path)
     text = open(path).read()
-    for bad in (text.replace("| metric |", "| measure |"), text.replace("distinct-2", "distinct-3")):
+    no_row = "\n".join(line for line in text.splitlines() if not line.startswith("| distinct-2"))
+    for bad in (text.replace("| metric |", "| measure |"), text.replace("distinct-2", "distinct-3"), no_row):
         open(path, "w").write(bad)
         with pytest.raises(SystemExit) as e:
             claims.main([f"--out_dir={run}", f"--readme={path}"])
@@ -68,3 +69,13 @@ def test_readmes_own_table_parses_into_the_numbers_it_checks():
         rows = claims.table_rows(f.read())
     assert [name for name, _ in rows] == list(claims.ROWS)
     assert sum(len(claims.numbers(c)) for _, cells in rows for c in cells) == 14
+
+
+def test_a_nan_in_the_report_always_differs(run, tmp_path, capsys):
+    path, report = smoke_readme(run, tmp_path)
+    report["rlhf"]["kl"] = float("nan")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "report.json").write_text(json.dumps(report))
+    assert claims.main([f"--out_dir={out}", f"--readme={path}"]) == 1
+    assert "rlhf (kl): README" in capsys.readouterr().out
