@@ -49,7 +49,7 @@ import math, multiprocessing, os, shutil, signal, sys, time
 import numpy as np
 import torch
 
-import data, overopt, stages, store, tokenizer, train
+import data, overopt, provenance, stages, store, tokenizer, train
 from config import check_once, override
 from errors import RunError, die
 from evaluate import best_of_k, during_ppo, evaluate_policy, plot_bestofk, sample_texts
@@ -347,7 +347,7 @@ def baseline_row(cfg, base, seed):
         # As run_ppo samples each actor's best-of-k.
         stages.seed_everything(seed + 2)
         b = best_of_k(actor, enc, heldout, run, cfg.eval.bestofk_n, cfg.eval.pass_gold,
-                      cfg.eval.n_eval)
+                      cfg.eval.n_eval, pass_gold_hard=cfg.eval.pass_gold_hard)
     return dict(condition="pretrained", seed=seed, **final, kl_coef_final=None, seconds=0.0,
                 entropy=float("nan"), s_per_iter=0.0, critic_mb=0.0, **bestofk_cells(b))
 
@@ -484,6 +484,15 @@ def write_examples(cfg, base, adir, order, seed, n=3):
     store.write_text(os.path.join(adir, "examples.md"), "\n".join(lines) + "\n")
 
 
+def made_by(started, rows, jobs, threads, device):
+    """The line under a suite's tables (provenance.line): this command's wall time since
+    `started`, and the runs' own seconds summed, runs reused from earlier commands included."""
+    made = provenance.stamp(time.time() - started, threads, device)
+    runs = sum(r["seconds"] for r in rows)
+    return (provenance.line(made, "this command's wall time") + f" The runs' own times sum to "
+            f"{provenance.duration(runs)}, {jobs} at a time.")
+
+
 def _worker_init(parent):
     """Each worker: Ctrl-C is the parent's to handle, and the worker dies with its parent, even a
     kill -9 of it. Linux: the kernel sends SIGKILL on the parent's death (prctl PR_SET_PDEATHSIG).
@@ -501,6 +510,7 @@ def ablate(opts, rest):
     cfg = train.parse(rest)
     base = cfg.run.out_dir
     os.makedirs(base, exist_ok=True)
+    started = time.time()
     with store.Lock(base):
         main_run = train.parse(override(rest, ["--stage=all"]))
         # --fresh redoes this command's ablation runs, never the main run.
@@ -558,8 +568,9 @@ def ablate(opts, rest):
         # Pairs by seed are made within the main base: a BASES condition has its own models.
         table = summarise(rows, [c for c in order if c not in BASES], base=against, **columns)
         if gold:
-            heading = ("\nBest of k (expected best gold among k samples per prompt) and pass@k, "
-                       "mean over seeds:\n\n")
+            heading = ("\nBest of k (expected best gold among k samples per prompt), pass@k "
+                       f"(gold > {cfg.eval.pass_gold}) and hard@k (pass@k at gold > "
+                       f"{cfg.eval.pass_gold_hard}, the same samples), mean over seeds:\n\n")
             table += heading + bestofk_table(rows, order)
 
         def run_dir(cond, seed):
@@ -568,12 +579,15 @@ def ablate(opts, rest):
                   f"{time.time() - t0:.0f} s in all (runs reused from earlier commands take 0 s). "
                   "Mean [95 % bootstrap interval] over the seeds listed; held-out prompts.\n\n"
                   f"{table}{beta_table(run_dir, rows, order)}")
+        # What made the tables: the machine, the commit, this command and its wall time.
+        made = made_by(started, rows, opts["jobs"], threads, cfg.run.device)
+        report += "\n" + made
         cheap = any(c in SUITES["cheap"] for c in order)
         ref_report = ""
         if cheap:
             ref_report = (f"# ablate.py {' '.join(sys.argv[1:])}\n\nMaking the reference cheap; "
                           "mean [95 % bootstrap interval] over seeds; held-out prompts.\n\n"
-                          f"{ref_table(rows, order)}")
+                          f"{ref_table(rows, order)}\n{made}")
         results = report + ("\n" + ref_report if cheap else "")
         store.write_text(os.path.join(adir, "results.md"), results)
         # A suite's tables survive the next command.
@@ -586,11 +600,17 @@ def ablate(opts, rest):
             pool = (4, 32) if opts["quick"] else (12, 256)
             report += "\n" + overopt_report(cfg, rest, base, adir, order[1:], rows, run_dir,
                                              pool)
+            # Now with the best-of-n pool's time in it.
+            made = made_by(started, rows, opts["jobs"], threads, cfg.run.device)
+            res = store.load_json(os.path.join(adir, "overopt.json"))
+            res["made_by"] = provenance.stamp(time.time() - started, threads, cfg.run.device)
+            store.save_json(os.path.join(adir, "overopt.json"), res)
+            report += "\n" + made
             store.write_text(os.path.join(adir, "results_overopt.md"), report)
         plot(rows, adir, order, run_dir)
         # The pretrained model against each actor.
         if gold:
-            curves = bestofk_curves(rows, order, cfg.eval.pass_gold, ks)
+            curves = bestofk_curves(rows, order, cfg.eval.pass_gold, ks, cfg.eval.pass_gold_hard)
             plot_bestofk(curves, os.path.join(adir, "bestofk.png"))
         # The main base's conditions: another base has its own world and tokenizer.
         write_examples(cfg, base, adir, [c for c in order if c not in BASES], seed0)

@@ -40,7 +40,7 @@ multi-GPU.
 import dataclasses, math, os, shutil, statistics, sys, time
 import torch
 
-import data, stages, store, tokenizer, train
+import data, provenance, stages, store, tokenizer, train
 from cheap_ref import KINDS, make_reference, memory_bytes
 from config import check_once, override
 from errors import RunError, die
@@ -339,7 +339,11 @@ def bench_bar(grid, argv):
         best = f"{f[0]:,} tokens at lr {f[2]:g} ({f[1]:.0f} s)" if f else "no run meets the bar"
         print(f"{o}: " + best)
     fewest_tokens = {o: f and f[0] for o, f in fewest.items()}
-    res = dict(bar=BAR, grid=grid, flags=argv, runs=rows, fewest_tokens=fewest_tokens)
+    # The runs' seconds summed: runs reused from an earlier command count their own time.
+    made = provenance.stamp(sum(r["seconds"] for r in rows), device=cfg.run.device)
+    print(provenance.line(made, "the runs' seconds summed"))
+    res = dict(bar=BAR, grid=grid, flags=argv, runs=rows, fewest_tokens=fewest_tokens,
+               made_by=made)
     store.save_json(os.path.join(base, "bench_bar.json"), res)
     return res
 
@@ -425,6 +429,8 @@ def main(argv):
     print(f"bench.py on {dev}, {res['threads']} threads, torch {res['torch']} "
           f"({res['seconds']:.0f} s)\n")
     print("| what | measured |\n|---|---|\n" + "\n".join(f"| {a} | {b} |" for a, b in rows))
+    res["made_by"] = provenance.stamp(res["seconds"], res["threads"], dev)
+    print("\n" + provenance.line(res["made_by"]))
     os.makedirs(opts["out_dir"], exist_ok=True)
     store.save_json(os.path.join(opts["out_dir"], "bench.json"), res)
     return res

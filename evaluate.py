@@ -9,9 +9,11 @@ and ablate.py's examples use `sample_texts` and `judge_texts`.
 Best-of-k, the pass@k of this world (`best_of_k`): n = --bestofk_n samples for each of n_eval / n
 held-out prompts (spread over the subjects; the same sample budget as the evaluation), and for
 k = 1, 2, 4, 8, 16 the expected best gold score among k of them and pass@k, a pass being a
-well-formed response with gold above --pass_gold (default 1.25: the pretrained model, gold
-0.69 ± 1.09 and 94.5 % well-formed, passes about 30 % of the time). Both are the unbiased
-estimators over the n samples (Chen et al. 2021): every k-subset of the n counted.
+well-formed response with gold above --pass_gold (default 1.25: the pretrained model passes
+about 26 % of the time and its pass@16 is 1.0), and again, from the same samples, above
+--pass_gold_hard (default 2.0: the pretrained model's pass@16 is 0.67, so a policy that narrows
+can show it). Both are the unbiased estimators over the n samples (Chen et al. 2021): every
+k-subset of the n counted.
 --eval_every=N evaluates the actor during PPO (`during_ppo`), every N iterations, on --eval_n
 held-out samples: the trajectory of gold, proxy and KL that ablate.py --suite=overopt fits.
 Left out: confidence intervals, per-token views.
@@ -37,6 +39,8 @@ class EvalConfig:
                          "(n_eval in all, at least one prompt's)")
     pass_gold: float = arg(1.25, help="pass@k: a pass is a well-formed response with gold above "
                            "this")
+    pass_gold_hard: float = arg(2.0, help="pass@k again, from the same samples, at this harder "
+                                "threshold (the default model's pass@16: 0.67)")
     eval_every: int = arg(0, ">=0", "PPO: evaluate the actor on held-out prompts every this many "
                           "iterations (eval/ columns of metrics.jsonl; 0 = off)")
     eval_n: int = arg(96, "[1,100000]", "--eval_every: samples per evaluation (held-out prompts "
@@ -154,10 +158,12 @@ def pass_at_k(n, c, k):
 
 
 @torch.no_grad()
-def best_of_k(model, enc, prompts, run, n, pass_gold, budget, ks=(1, 2, 4, 8, 16)):
+def best_of_k(model, enc, prompts, run, n, pass_gold, budget, ks=(1, 2, 4, 8, 16),
+              pass_gold_hard=None):
     """n samples for each of budget // n prompts (at least 1, at most all, spread over the list);
     for each k <= n the mean over prompts of the expected best gold score of k samples and of
-    pass@k (pass: well-formed with gold > pass_gold). Randomness: torch's global generator."""
+    pass@k (pass: well-formed with gold > pass_gold), and, with pass_gold_hard, pass@k of the same
+    samples at that threshold (pass_at_hard). Randomness: torch's global generator."""
     m = min(len(prompts), max(1, budget // n))
     prompts = [prompts[i * len(prompts) // m] for i in range(m)]
     # Each prompt n times in a row.
@@ -167,13 +173,20 @@ def best_of_k(model, enc, prompts, run, n, pass_gold, budget, ks=(1, 2, 4, 8, 16
     groups = [verdicts[i:i + n] for i in range(0, len(verdicts), n)]
     ks = [k for k in ks if k <= n]
     best = [float(np.mean([expected_best([v["score"] for v in g], k) for g in groups])) for k in ks]
-    passes = [sum(v["wellformed"] and v["score"] > pass_gold for v in g) for g in groups]
-    return dict(n=n, prompts=len(prompts), pass_gold=pass_gold, k=ks, best=best,
-                pass_at=[float(np.mean([pass_at_k(n, c, k) for c in passes])) for k in ks])
+
+    def pass_curve(threshold):
+        passes = [sum(v["wellformed"] and v["score"] > threshold for v in g) for g in groups]
+        return [float(np.mean([pass_at_k(n, c, k) for c in passes])) for k in ks]
+    out = dict(n=n, prompts=len(prompts), pass_gold=pass_gold, k=ks, best=best,
+               pass_at=pass_curve(pass_gold))
+    if pass_gold_hard is not None:
+        out.update(pass_gold_hard=pass_gold_hard, pass_at_hard=pass_curve(pass_gold_hard))
+    return out
 
 
-def write_report(path_md, res, samples, n_eval, temperature, timings):
-    """report.md: the two policies side by side, a few examples, the seconds per stage."""
+def write_report(path_md, res, samples, n_eval, temperature, timings, made_by=""):
+    """report.md: the two policies side by side, a few examples, the seconds per stage, and
+    made_by (provenance.line: machine, commit, command) last."""
     title = f"# tether report ({n_eval} samples on held-out prompts, temperature {temperature})"
     lines = [title, "", "| metric | pretrained | rlhf |", "|---|---|---|"]
     lines += [f"| {k} | {res['pretrained'][k]:.3f} | {res['rlhf'][k]:.3f} |"
@@ -187,14 +200,22 @@ def write_report(path_md, res, samples, n_eval, temperature, timings):
     bok = {name: r["bestofk"] for name, r in res.items() if "bestofk" in r}
     if bok:
         b = next(iter(bok.values()))
+        # The harder threshold's column where it was measured.
+        hard = "pass_at_hard" in b
         heading = (f"Best-of-k on {b['prompts']} held-out prompts x {b['n']} samples: expected "
-                   f"best gold of k, and pass@k (well-formed, gold > {b['pass_gold']}):")
-        header = "| k | " + " | ".join(f"best {name} | pass {name}" for name in bok) + " |"
-        lines += ["", heading, "", header, "|---|" + "---|---|" * len(bok)]
+                   f"best gold of k, and pass@k (well-formed, gold > {b['pass_gold']}")
+        heading += f"; hard: gold > {b['pass_gold_hard']}):" if hard else "):"
+        heads = [f"best {name} | pass {name}" + (f" | hard {name}" if hard else "") for name in bok]
+        header = "| k | " + " | ".join(heads) + " |"
+        lines += ["", heading, "", header, "|---|" + ("---|" * (3 if hard else 2)) * len(bok)]
         for i, k in enumerate(b["k"]):
-            cells = " | ".join(f"{r['best'][i]:.3f} | {r['pass_at'][i]:.3f}" for r in bok.values())
-            lines.append(f"| {k} | " + cells + " |")
+            cells = []
+            for r in bok.values():
+                cells += [f"{r['best'][i]:.3f}", f"{r['pass_at'][i]:.3f}"]
+                cells += [f"{r['pass_at_hard'][i]:.3f}"] if hard else []
+            lines.append(f"| {k} | " + " | ".join(cells) + " |")
     lines += ["", "Seconds per stage: " + ", ".join(f"{k} {v}" for k, v in timings.items())]
+    lines += ["", made_by] if made_by else []
     text = "\n".join(lines) + "\n"
     store.write_text(path_md, text)
     return text
@@ -231,8 +252,8 @@ def plot_metrics(rows, png):
 
 
 def plot_bestofk(curves, png):
-    """Expected best gold of k and pass@k against k, one line per policy: curves {name:
-    best_of_k's dict}."""
+    """Expected best gold of k and pass@k against k, one line per policy (the harder threshold's
+    pass@k dashed, in the same colour): curves {name: best_of_k's dict}."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -242,15 +263,21 @@ def plot_bestofk(curves, png):
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.5))
     for name, c in curves.items():
         a.plot(c["k"], c["best"], marker="o", label=name)
-        b.plot(c["k"], c["pass_at"], marker="o", label=name)
+        line, = b.plot(c["k"], c["pass_at"], marker="o", label=name)
+        if "pass_at_hard" in c:
+            b.plot(c["k"], c["pass_at_hard"], marker="o", linestyle="--", color=line.get_color())
     b.set_ylim(0, 1)
-    pass_label = f"pass@k (well-formed, gold > {c['pass_gold']})"
+    title = f"solid: gold > {c['pass_gold']}"
+    if "pass_at_hard" in c:
+        title += f"; dashed: gold > {c['pass_gold_hard']}"
+    b.set_title(title, fontsize=9)
+    pass_label = "pass@k (well-formed, gold above)"
     for ax, label in ((a, "expected best gold of k"), (b, pass_label)):
         ax.set_xscale("log", base=2)
         ax.set_xticks(c["k"], [str(k) for k in c["k"]])
         ax.set_xlabel("k (samples per prompt)")
         ax.set_ylabel(label)
-        ax.legend()
+        ax.legend(fontsize=7)
     fig.tight_layout()
     store.save_figure(fig, png)
     plt.close(fig)

@@ -18,7 +18,7 @@ from collections import namedtuple
 import numpy as np
 import torch
 
-import cheap_ref, data, dist, store, tokenizer
+import cheap_ref, data, dist, provenance, store, tokenizer
 from anchors import AnchorConfig
 from cheap_ref import RefConfig
 from config import WorldConfig, check_world, fields
@@ -233,7 +233,8 @@ def run_ppo(cfg, base, run_dir, stamp, log=say):
     seed_everything(run.seed + 2)
     summary.update(
         bestofk=best_of_k(actor, enc, prompts["heldout"], run, cfg.eval.bestofk_n,
-                          cfg.eval.pass_gold, cfg.eval.n_eval),
+                          cfg.eval.pass_gold, cfg.eval.n_eval,
+                          pass_gold_hard=cfg.eval.pass_gold_hard),
         gold_norm=dict(mean=gold_norm[0], std=gold_norm[1]),
         # The entropy over the last 10 iterations.
         entropy=float(np.mean([r["objective/entropy"] for r in metrics[-10:]])),
@@ -287,12 +288,15 @@ def stage_report(cfg, stamp):
                                                    cfg.eval.n_eval)
         seed_everything(run.seed + 2)
         res[name]["bestofk"] = best_of_k(model, enc, heldout, run, cfg.eval.bestofk_n,
-                                         cfg.eval.pass_gold, cfg.eval.n_eval)
+                                         cfg.eval.pass_gold, cfg.eval.n_eval,
+                                         pass_gold_hard=cfg.eval.pass_gold_hard)
     plot_bestofk({name: r["bestofk"] for name, r in res.items()}, path(cfg, "bestofk.png"))
     timings = load_timings(cfg)
+    # The machine, commit and command; the wall time is the stages' seconds summed.
+    made = provenance.stamp(sum(timings.values()), device=run.device)
     print(write_report(path(cfg, "report.md"), res, samples, cfg.eval.n_eval, run.temperature,
-                       timings))
-    store.save_json(path(cfg, "report.json"), dict(res, seconds=timings))
+                       timings, provenance.line(made, "the stages' seconds summed")))
+    store.save_json(path(cfg, "report.json"), dict(res, seconds=timings, made_by=made))
 
 
 # ---- stage: sample (the actor alone, no reference needed) ----

@@ -27,9 +27,9 @@ def verifiable_columns(k):
     and what the critic costs (s_per_iter, critic_mb); and the columns its paired differences
     show."""
     return (["gold_mean", "proxy_mean", "kl", "wellformed_rate", "distinct_2", "entropy",
-             f"best_{k}", "pass_1", f"pass_{k}", "s_per_iter", "critic_mb"],
+             f"best_{k}", "pass_1", f"pass_{k}", "hard_1", f"hard_{k}", "s_per_iter", "critic_mb"],
             ("gold_mean", "kl", "wellformed_rate", "distinct_2", "entropy", f"best_{k}", "pass_1",
-             f"pass_{k}", "s_per_iter"))
+             f"pass_{k}", "hard_1", f"hard_{k}", "s_per_iter"))
 
 
 def bootstrap_ci(x, level=0.95, n_boot=10000, seed=0):
@@ -59,32 +59,42 @@ def verdict(ci):
 
 
 def bestofk_cells(b):
-    """best_k and pass_k columns (k = 1, 2, 4, 8, 16) from evaluate.best_of_k's dict."""
+    """best_k, pass_k and hard_k (pass@k at the harder threshold) columns (k = 1, 2, 4, 8, 16)
+    from evaluate.best_of_k's dict."""
     return {**{f"best_{k}": v for k, v in zip(b["k"], b["best"])},
-            **{f"pass_{k}": v for k, v in zip(b["k"], b["pass_at"])}}
+            **{f"pass_{k}": v for k, v in zip(b["k"], b["pass_at"])},
+            **{f"hard_{k}": v for k, v in zip(b["k"], b.get("pass_at_hard", []))}}
 
 
-def bestofk_curves(rows, order, pass_gold, ks=(1, 2, 4, 8, 16)):
-    """{condition: the mean over seeds of its best-of-k and pass@k curves}, as
-    evaluate.plot_bestofk takes them."""
+def bestofk_curves(rows, order, pass_gold, ks=(1, 2, 4, 8, 16), pass_gold_hard=None):
+    """{condition: the mean over seeds of its best-of-k and pass@k curves (and pass@k at
+    pass_gold_hard, given one)}, as evaluate.plot_bestofk takes them."""
     def mean(c, col):
         return float(np.mean([r[col] for r in rows if r["condition"] == c]))
-    return {c: dict(k=list(ks), pass_gold=pass_gold, best=[mean(c, f"best_{k}") for k in ks],
-                    pass_at=[mean(c, f"pass_{k}") for k in ks])
-            for c in order if any(r["condition"] == c for r in rows)}
+    curves = {}
+    for c in order:
+        if any(r["condition"] == c for r in rows):
+            curves[c] = dict(k=list(ks), pass_gold=pass_gold,
+                             best=[mean(c, f"best_{k}") for k in ks],
+                             pass_at=[mean(c, f"pass_{k}") for k in ks])
+            if pass_gold_hard is not None:
+                curves[c].update(pass_gold_hard=pass_gold_hard,
+                                 pass_at_hard=[mean(c, f"hard_{k}") for k in ks])
+    return curves
 
 
 def bestofk_table(rows, order):
-    """Markdown: expected best gold of k and pass@k for every k, mean over seeds, per condition."""
+    """Markdown: expected best gold of k, pass@k and pass@k at the harder threshold (hard@k) for
+    every k, mean over seeds, per condition."""
     ks = sorted(int(c[5:]) for c in rows[0] if c.startswith("best_"))
-    best_heads = " | ".join(f"best of {k}" for k in ks)
-    pass_heads = " | ".join(f"pass@{k}" for k in ks)
-    header = "| condition | " + best_heads + " | " + pass_heads + " |"
-    lines = [header, "|---" * (2 * len(ks) + 1) + "|"]
+    kinds = ("best", "pass", "hard")
+    heads = {"best": "best of {}", "pass": "pass@{}", "hard": "hard@{}"}
+    header = "| condition | " + " | ".join(heads[c].format(k) for c in kinds for k in ks) + " |"
+    lines = [header, "|---" * (len(kinds) * len(ks) + 1) + "|"]
     for cond in order:
         rs = [r for r in rows if r["condition"] == cond]
         if rs:
-            means = [np.mean([r[f"{c}_{k}"] for r in rs]) for c in ("best", "pass") for k in ks]
+            means = [np.mean([r[f"{c}_{k}"] for r in rs]) for c in kinds for k in ks]
             cells = [f"{m:.3f}" for m in means]
             lines.append(f"| {cond} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

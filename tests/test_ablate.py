@@ -65,11 +65,13 @@ def test_the_verifiable_suite_reports_best_of_k_and_what_the_critic_costs(run):
         assert [r[f"pass_{k}"] for k in (1, 2, 4)] == sorted(r[f"pass_{k}"] for k in (1, 2, 4))   # more tries, more
         assert [r[f"best_{k}"] for k in (1, 2, 4)] == sorted(r[f"best_{k}"] for k in (1, 2, 4))   # passes, best higher
         assert "best_8" not in r                                               # n = 4 samples: k <= 4 only
+        assert all(r[f"hard_{k}"] <= r[f"pass_{k}"] for k in (1, 2, 4))         # a higher bar, the same samples
     assert rows["gold_grpo_no_kl", 1337]["critic_mb"] == 0 < rows["gold_adaptive", 1337]["critic_mb"]
     assert not os.path.exists(os.path.join(adir, "gold_grpo_no_kl", "seed1337", "critic.pt"))
     table = open(os.path.join(adir, "results.md")).read()
     assert "| best_4 |" in table and "Paired differences against gold_adaptive" in table
-    assert "| gold_grpo_no_kl | 2 |" in table and "Best of k" in table
+    assert "| gold_grpo_no_kl | 2 |" in table and "Best of k" in table and "| hard@4 |" in table
+    assert "| hard_4 |" in table and table.rstrip().splitlines()[-1].startswith("Made by `python ")
     pytest.importorskip("matplotlib")
     assert os.path.exists(os.path.join(adir, "bestofk.png"))
 

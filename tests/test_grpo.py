@@ -230,7 +230,9 @@ def test_best_of_k_passes_only_well_formed_responses_above_the_bar():
              "spacious.").ljust(R)]}
     writer = Writer(enc, responses)
     run = SimpleNamespace(response_length=R, temperature=1.0, device="cpu")
-    got = best_of_k(writer, enc, list(responses), run, 5, bar, 15, ks=(1, 2, 3, 5, 8))
+    # The harder threshold: a pass needs gold above 2.5, judged on the same samples.
+    hard = 2.5
+    got = best_of_k(writer, enc, list(responses), run, 5, bar, 15, ks=(1, 2, 3, 5, 8), pass_gold_hard=hard)
     # Every response was written, once.
     assert all(not left for left in writer.left.values())
     verdicts = [[data.judge(p, r) for r in rs] for p, rs in responses.items()]
@@ -250,3 +252,8 @@ def test_best_of_k_passes_only_well_formed_responses_above_the_bar():
             best.append(sum(max(ss[j] for j in s) for s in subsets) / len(subsets))
         assert got["pass_at"][i] == pytest.approx(statistics.mean(pass_at), abs=1e-12)
         assert got["best"][i] == pytest.approx(statistics.mean(best), abs=1e-12)
+        hard_at = [sum(any(ws[j] and ss[j] > hard for j in s) for s in itertools.combinations(range(5), k))
+                   / math.comb(5, k) for ws, ss in zip(wellformed, scores)]
+        assert got["pass_at_hard"][i] == pytest.approx(statistics.mean(hard_at), abs=1e-12)
+    # The harder bar passes fewer, and not none: the two curves differ.
+    assert got["pass_gold_hard"] == hard and 0 < got["pass_at_hard"][0] < got["pass_at"][0]

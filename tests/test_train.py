@@ -313,8 +313,15 @@ def test_the_report_holds_best_of_k_for_both_policies(run):
     for name in ("pretrained", "rlhf"):
         b = rep[name]["bestofk"]
         assert b["k"] == [1, 2, 4, 8, 16] and b["best"] == sorted(b["best"]) and b["pass_at"] == sorted(b["pass_at"])
+        # The harder threshold, on the same samples: never more passes.
+        assert b["pass_gold_hard"] > b["pass_gold"] and all(h <= p for h, p in zip(b["pass_at_hard"], b["pass_at"]))
     assert ppo_json["critic_bytes"] > 0 and os.path.exists(os.path.join(run, "critic.pt"))
-    assert "Best-of-k" in open(os.path.join(run, "report.md")).read()
+    text = open(os.path.join(run, "report.md")).read()
+    assert "Best-of-k" in text and "| hard rlhf |" in text
+    # What made it: the machine, the commit, the command, the stages' seconds.
+    made = rep["made_by"]
+    assert made["cores"] == os.cpu_count() and made["seconds"] == pytest.approx(sum(rep["seconds"].values()), abs=0.1)
+    assert text.rstrip().splitlines()[-1].startswith("Made by `python ") and made["commit"] in text
 
 
 def test_a_field_added_since_a_record_matches_at_its_default_only(run, tmp_path, capsys):
