@@ -37,14 +37,16 @@ def copy_into(folder):
     os.makedirs(folder, exist_ok=True)
     for name in ("provenance.py", "precision.py"):
         shutil.copy(os.path.join(HERE, name), os.path.join(folder, name))
-    spec = importlib.util.spec_from_file_location("provenance_copy", os.path.join(folder, "provenance.py"))
+    where = os.path.join(folder, "provenance.py")
+    spec = importlib.util.spec_from_file_location("provenance_copy", where)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
 def git(folder, *args):
-    return subprocess.run(["git", "-C", folder, *args], capture_output=True, text=True, check=True).stdout.strip()
+    done = subprocess.run(["git", "-C", folder, *args], capture_output=True, text=True, check=True)
+    return done.stdout.strip()
 
 
 def test_the_commit_is_heads_and_an_edit_to_a_tracked_file_is_marked(tmp_path):

@@ -1,0 +1,47 @@
+"""seeds.py: the main pipeline under other seeds. On a copy of the smoke run (seed 1337, kept as it
+is) and one more seed: the other seed's pipeline is reseeded from its world on, the table's mean and
+min-max are those of the runs' own report.json, a second command makes nothing again, bad --seeds is
+one line and exit 2."""
+import os, shutil
+
+import pytest
+
+import seeds, store
+
+
+def test_another_seed_reseeds_the_world_and_the_table_is_the_runs(run, tmp_path, capsys):
+    out = str(tmp_path / "out")
+    shutil.copytree(run, out)
+    main_report = store.file_hash(os.path.join(out, "report.json"))
+    seeds.main(["--seeds=1337,1338", "--preset=smoke", f"--out_dir={out}"])
+    other = os.path.join(out, "seeds", "seed1338")
+    # The main seed is the run already there; the other has a world of its own.
+    assert store.file_hash(os.path.join(out, "report.json")) == main_report
+    corpus = [store.file_hash(os.path.join(d, "train.txt")) for d in (out, other)]
+    assert corpus[0] != corpus[1]
+    reports = [store.load_json(os.path.join(d, "report.json")) for d in (out, other)]
+    kl = [r["rlhf"]["kl"] for r in reports]
+    gain = [(r["rlhf"]["gold_mean"] - r["pretrained"]["gold_mean"]) / r["pretrained"]["gold_std"]
+            for r in reports]
+    text = open(os.path.join(out, "seeds", "seeds.md")).read()
+    lines = text.splitlines()
+    kl_name = "| exact KL to reference (nats / sequence), rlhf |"
+    kl_row = next(line for line in lines if line.startswith(kl_name))
+    assert kl_row.split(" | ")[1:] == [f"{kl[0]:.3f}", f"{kl[1]:.3f}", f"{(kl[0] + kl[1]) / 2:.3f}",
+                                        f"{min(kl):.3f}–{max(kl):.3f} |"]
+    gain_row = next(line for line in lines if line.startswith("| gold gain (pretrained std) |"))
+    assert gain_row.split(" | ")[-1] == f"{min(gain):.3f}–{max(gain):.3f} |"
+    assert text.rstrip().splitlines()[-1].startswith("Made by `python ")
+    # Again: every stage of both seeds kept.
+    before = store.file_hash(os.path.join(other, "report.json"))
+    capsys.readouterr()
+    seeds.main(["--seeds=1337,1338", "--preset=smoke", f"--out_dir={out}"])
+    assert "---- stage ppo: done with this config, kept ----" in capsys.readouterr().out
+    assert store.file_hash(os.path.join(other, "report.json")) == before
+
+
+@pytest.mark.parametrize("flag", ["--seeds=1337,x", "--seeds=1337,1337", "--seeds=-1", "--nope=1"])
+def test_bad_input_is_one_line_and_exit_2(flag, capsys):
+    with pytest.raises(SystemExit) as e:
+        seeds.main([flag, "--preset=smoke"])
+    assert e.value.code == 2 and len(capsys.readouterr().err.strip().splitlines()) == 1
