@@ -406,11 +406,12 @@ def bon_pool(cfg, base, n_prompts, n):
     return pool
 
 
-def overopt_report(cfg, rest, base, adir, order, rows, run_dir, pool):
+def overopt_report(cfg, rest, base, adir, order, rows, run_dir, pool, made):
     """--suite=overopt: best-of-n on each base's pretrained model, each run's evaluation
     trajectory from its metrics.jsonl (gains over the pretrained model evaluated on the same
     stream), the fits and tables (tables.overopt_tables) into overopt.md and overopt.json, and
-    overopt.png. pool: (prompts, samples per prompt) of best-of-n. Returns the markdown."""
+    overopt.png. pool: (prompts, samples per prompt) of best-of-n; made: made_by's (stamp,
+    line). Returns the markdown."""
     bases = {"main": base}
     bases.update({BASES[c][0]: os.path.join(adir, "bases", BASES[c][0]) for c in order
                   if c in BASES})
@@ -434,7 +435,9 @@ def overopt_report(cfg, rest, base, adir, order, rows, run_dir, pool):
                                       lines=True)
             trajs.setdefault(cond, {})[r["seed"]] = overopt.trajectory(metrics, starts[key])
     md, res = overopt_tables(bon, trajs, rows, order, other_base=list(BASES))
+    md += "\n" + made[1] + "\n"
     res["trajectories"] = trajs
+    res["made_by"] = made[0]
     store.save_json(os.path.join(adir, "overopt.json"), res)
     curves = {}
     for name, r in res["bon"].items():
@@ -459,9 +462,10 @@ def folder(cond):
     return SAME_AS.get(cond, cond)
 
 
-def write_examples(cfg, base, adir, order, seed, n=3):
+def write_examples(cfg, base, adir, order, seed, made_line, n=3):
     """examples.md: what the pretrained model and each condition's first-seed actor write for the
-    same held-out prompts, with the same sampling noise, and the gold verdict on each."""
+    same held-out prompts, with the same sampling noise, and the gold verdict on each; made_line
+    (made_by's) last."""
     run = cfg.run
     enc = tokenizer.load_tokenizer(base, cfg.world.tokenizer)
     heldout = data.load_prompts(base)["heldout"]
@@ -481,16 +485,20 @@ def write_examples(cfg, base, adir, order, seed, n=3):
             note = "" if v["wellformed"] else " (not well-formed)"
             text = r.replace(data.EOT, " <eot>").strip()
             lines.append(f"- gold {v['score']:+.2f}{note}: `{p.strip()}` | {text}")
+    lines += ["", made_line]
     store.write_text(os.path.join(adir, "examples.md"), "\n".join(lines) + "\n")
 
 
 def made_by(started, rows, jobs, threads, device):
-    """The line under a suite's tables (provenance.line): this command's wall time since
-    `started`, and the runs' own seconds summed, runs reused from earlier commands included."""
+    """(stamp, line) of a suite's tables (provenance): this command's wall time from `started` to
+    the end of its runs, and the runs' own seconds summed, runs reused from earlier commands
+    included."""
     made = provenance.stamp(time.time() - started, threads, device)
-    runs = sum(r["seconds"] for r in rows)
-    return (provenance.line(made, "this command's wall time") + f" The runs' own times sum to "
-            f"{provenance.duration(runs)}, {jobs} at a time.")
+    made["runs_seconds"] = round(sum(r["seconds"] for r in rows), 1)
+    line = (provenance.line(made, "this command's wall time to the end of its runs")
+            + f" The runs' own times sum to {provenance.duration(made['runs_seconds'])}, {jobs} "
+            "at a time.")
+    return made, line
 
 
 def _worker_init(parent):
@@ -580,14 +588,15 @@ def ablate(opts, rest):
                   "Mean [95 % bootstrap interval] over the seeds listed; held-out prompts.\n\n"
                   f"{table}{beta_table(run_dir, rows, order)}")
         # What made the tables: the machine, the commit, this command and its wall time.
-        made = made_by(started, rows, opts["jobs"], threads, cfg.run.device)
-        report += "\n" + made
+        stamp_line = made_by(started, rows, opts["jobs"], threads, cfg.run.device)
+        body = report
+        report += "\n" + stamp_line[1] + "\n"
         cheap = any(c in SUITES["cheap"] for c in order)
         ref_report = ""
         if cheap:
             ref_report = (f"# ablate.py {' '.join(sys.argv[1:])}\n\nMaking the reference cheap; "
                           "mean [95 % bootstrap interval] over seeds; held-out prompts.\n\n"
-                          f"{ref_table(rows, order)}\n{made}")
+                          f"{ref_table(rows, order)}\n{stamp_line[1]}\n")
         results = report + ("\n" + ref_report if cheap else "")
         store.write_text(os.path.join(adir, "results.md"), results)
         # A suite's tables survive the next command.
@@ -598,14 +607,9 @@ def ablate(opts, rest):
         if opts["suite"] == "overopt" and not opts["user_conditions"]:
             # Best-of-n's pool: 12 prompts x 256 samples (--quick: 4 x 32).
             pool = (4, 32) if opts["quick"] else (12, 256)
-            report += "\n" + overopt_report(cfg, rest, base, adir, order[1:], rows, run_dir,
-                                             pool)
-            # Now with the best-of-n pool's time in it.
-            made = made_by(started, rows, opts["jobs"], threads, cfg.run.device)
-            res = store.load_json(os.path.join(adir, "overopt.json"))
-            res["made_by"] = provenance.stamp(time.time() - started, threads, cfg.run.device)
-            store.save_json(os.path.join(adir, "overopt.json"), res)
-            report += "\n" + made
+            # The line that says what made it comes once, after the overopt tables.
+            report = body + "\n" + overopt_report(cfg, rest, base, adir, order[1:], rows,
+                                                   run_dir, pool, stamp_line)
             store.write_text(os.path.join(adir, "results_overopt.md"), report)
         plot(rows, adir, order, run_dir)
         # The pretrained model against each actor.
@@ -613,7 +617,8 @@ def ablate(opts, rest):
             curves = bestofk_curves(rows, order, cfg.eval.pass_gold, ks, cfg.eval.pass_gold_hard)
             plot_bestofk(curves, os.path.join(adir, "bestofk.png"))
         # The main base's conditions: another base has its own world and tokenizer.
-        write_examples(cfg, base, adir, [c for c in order if c not in BASES], seed0)
+        write_examples(cfg, base, adir, [c for c in order if c not in BASES], seed0,
+                       stamp_line[1])
         print(table)
 
 

@@ -28,7 +28,8 @@ def cpu_model():
 
 
 def commit():
-    """(HEAD's hash, whether a tracked file differs from it); ("unknown", False) outside git."""
+    """(HEAD's hash, whether a tracked file differs from it, None if git could not say);
+    ("unknown", False) outside git."""
     here = os.path.dirname(os.path.abspath(__file__))
     try:
         head = subprocess.run(["git", "-C", here, "rev-parse", "--short=12", "HEAD"],
@@ -40,6 +41,8 @@ def commit():
         return "unknown", False
     if head.returncode != 0:
         return "unknown", False
+    if status.returncode != 0:
+        return head.stdout.strip(), None
     return head.stdout.strip(), bool(status.stdout.strip())
 
 
@@ -48,13 +51,20 @@ def command():
     return "python " + shlex.join([os.path.basename(sys.argv[0])] + sys.argv[1:])
 
 
+def cores():
+    """The cores this process may run on (its affinity where the OS tells it)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count()
+
+
 def stamp(seconds, threads=None, device="cpu", cmd=None):
     """The record of what made a table: machine, commit, date (UTC), command, wall seconds.
     threads: the torch threads each run had (default: this process's)."""
     caps = torch.cpu.get_capabilities()
     head, dirty = commit()
     made = dict(cpu=cpu_model(), avx512=bool(caps.get("avx512_f")),
-                native_bf16=auto_dtype("cpu")[0] == "bf16", cores=os.cpu_count(),
+                native_bf16=auto_dtype("cpu")[0] == "bf16", cores=cores(),
                 threads=threads or torch.get_num_threads(), device=device,
                 torch=torch.__version__, commit=head, uncommitted=dirty,
                 date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
@@ -77,7 +87,8 @@ def duration(seconds):
 def line(made, what="wall time"):
     """The stamp as one markdown line under a table."""
     yes = {True: "yes", False: "no"}
-    head = made["commit"] + (" with uncommitted changes" if made["uncommitted"] else "")
+    notes = {True: " with uncommitted changes", False: "", None: " (working tree not read)"}
+    head = made["commit"] + notes[made["uncommitted"]]
     return (f"Made by `{made['command']}` on {made['cpu']} (AVX-512 {yes[made['avx512']]}, "
             f"native bf16 {yes[made['native_bf16']]}; {made['cores']} cores, {made['threads']} "
             f"torch threads; {made['device']}; torch {made['torch']}), commit {head}, "

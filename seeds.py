@@ -17,7 +17,7 @@ import os, sys
 import provenance, store, train
 from claims import POLICIES, ROWS
 from config import override
-from errors import die
+from errors import RunError, die
 
 
 def parse(argv):
@@ -32,10 +32,15 @@ def parse(argv):
         picked = [int(s) for s in seeds.split(",")]
     except ValueError:
         die(f"bad value for --seeds: {seeds!r} (a comma-separated list of integers)")
-    if len(set(picked)) != len(picked) or any(s < 0 for s in picked):
-        die(f"bad value for --seeds: {seeds!r} (distinct integers >= 0)")
-    # The flags are checked once, before any run.
-    train.parse(rest)
+    if len(set(picked)) != len(picked):
+        die(f"bad value for --seeds: {seeds!r} (distinct integers)")
+    cfg = train.parse(rest)
+    # The whole pipeline, so that each seed has a report to read.
+    if cfg.run.stage != "all":
+        die(f"seeds.py runs every stage: leave out --stage (got --stage={cfg.run.stage})")
+    # Every seed's flags are checked before any run.
+    for seed in picked:
+        train.parse(override(rest, [f"--seed={seed}", f"--out_dir={folder_of(cfg, seed)}"]))
     return picked, rest
 
 
@@ -88,7 +93,10 @@ def main(argv):
         run_dir = folder_of(cfg, seed)
         print(f"==== seed {seed}: python train.py into {run_dir} ====", flush=True)
         train.main(override(rest, [f"--seed={seed}", f"--out_dir={run_dir}"]))
-        per_seed[seed] = numbers(run_dir)
+        try:
+            per_seed[seed] = numbers(run_dir)
+        except (RunError, KeyError, OSError) as e:
+            die(f"seeds.py: seed {seed}'s run in {run_dir} has no readable report ({e})", 1)
     runs = sum(row["seconds (stages summed)"] for row in per_seed.values())
     made = provenance.stamp(runs, device=cfg.run.device)
     text = (f"# The main pipeline under {len(seeds)} seeds\n\n{table(per_seed)}\n"

@@ -63,7 +63,7 @@ def bestofk_cells(b):
     from evaluate.best_of_k's dict."""
     return {**{f"best_{k}": v for k, v in zip(b["k"], b["best"])},
             **{f"pass_{k}": v for k, v in zip(b["k"], b["pass_at"])},
-            **{f"hard_{k}": v for k, v in zip(b["k"], b.get("pass_at_hard", []))}}
+            **{f"hard_{k}": v for k, v in zip(b["k"], b["pass_at_hard"])}}
 
 
 def bestofk_curves(rows, order, pass_gold, ks=(1, 2, 4, 8, 16), pass_gold_hard=None):

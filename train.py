@@ -60,7 +60,10 @@ def parse(argv):
                  rollout_batch=p.rollout_batch, minibatch_size=p.minibatch_size)
     why = (dist.check_divisible(sizes) or cheap_ref.check(cfg) or anchors.check(cfg)
            or rollback.check(cfg) or kl.check(cfg) or grpo.check(cfg)
-           or (cfg.world.tokenizer == "gpt2" and tokenizer.gpt2_missing()))
+           or (cfg.world.tokenizer == "gpt2" and tokenizer.gpt2_missing())
+           or (cfg.eval.pass_gold_hard <= cfg.eval.pass_gold
+               and f"--pass_gold_hard={cfg.eval.pass_gold_hard} must be above --pass_gold="
+                   f"{cfg.eval.pass_gold}: it is the harder of the two thresholds"))
     if why:
         die(why)
     # --dtype=auto: what this device multiplies natively (the stamps hold what runs).

@@ -66,6 +66,9 @@ def test_the_verifiable_suite_reports_best_of_k_and_what_the_critic_costs(run):
         assert [r[f"best_{k}"] for k in (1, 2, 4)] == sorted(r[f"best_{k}"] for k in (1, 2, 4))   # passes, best higher
         assert "best_8" not in r                                               # n = 4 samples: k <= 4 only
         assert all(r[f"hard_{k}"] <= r[f"pass_{k}"] for k in (1, 2, 4))         # a higher bar, the same samples
+        if r["condition"] != "pretrained":                                     # the run's own numbers, read back
+            made = store.load_json(os.path.join(adir, r["condition"], f"seed{r['seed']}", "ppo.json"))["bestofk"]
+            assert [r[f"hard_{k}"] for k in (1, 2, 4)] == made["pass_at_hard"]
     assert rows["gold_grpo_no_kl", 1337]["critic_mb"] == 0 < rows["gold_adaptive", 1337]["critic_mb"]
     assert not os.path.exists(os.path.join(adir, "gold_grpo_no_kl", "seed1337", "critic.pt"))
     table = open(os.path.join(adir, "results.md")).read()

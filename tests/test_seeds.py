@@ -40,8 +40,10 @@ def test_another_seed_reseeds_the_world_and_the_table_is_the_runs(run, tmp_path,
     assert store.file_hash(os.path.join(other, "report.json")) == before
 
 
-@pytest.mark.parametrize("flag", ["--seeds=1337,x", "--seeds=1337,1337", "--seeds=-1", "--nope=1"])
-def test_bad_input_is_one_line_and_exit_2(flag, capsys):
+@pytest.mark.parametrize("flag", ["--seeds=1337,x", "--seeds=1337,1337", "--seeds=1337,-1",
+                                  "--seeds=1337,2147483648", "--stage=ppo", "--nope=1"])
+def test_bad_input_is_one_line_and_exit_2_before_any_run(flag, capsys, tmp_path):
     with pytest.raises(SystemExit) as e:
-        seeds.main([flag, "--preset=smoke"])
+        seeds.main([flag, "--preset=smoke", f"--out_dir={tmp_path / 'out'}"])
     assert e.value.code == 2 and len(capsys.readouterr().err.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()

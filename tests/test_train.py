@@ -196,7 +196,8 @@ def refused_here(main, argv, capsys):
 
 @pytest.mark.parametrize("flag, message", [
     ("--seed=-1", "[0,2^31)"), ("--seed=4294967296", "[0,2^31)"), ("--seed=2147483648", "[0,2^31)"),
-    ("--temperature=1e-300", ">=0.01"), ("--temperature=0.0099", ">=0.01")])
+    ("--temperature=1e-300", ">=0.01"), ("--temperature=0.0099", ">=0.01"),
+    ("--pass_gold_hard=1.25", "above --pass_gold=1.25")])
 def test_a_seed_numpy_refuses_and_a_temperature_that_overflows_are_refused(flag, message, tmp_path, capsys):
     out = tmp_path / "out"
     err = refused_here(train.main, ["--preset=smoke", f"--out_dir={out}", flag], capsys)
@@ -314,14 +315,15 @@ def test_the_report_holds_best_of_k_for_both_policies(run):
         b = rep[name]["bestofk"]
         assert b["k"] == [1, 2, 4, 8, 16] and b["best"] == sorted(b["best"]) and b["pass_at"] == sorted(b["pass_at"])
         # The harder threshold, on the same samples: never more passes.
-        assert b["pass_gold_hard"] > b["pass_gold"] and all(h <= p for h, p in zip(b["pass_at_hard"], b["pass_at"]))
+        assert b["pass_gold_hard"] == 2.0 and len(b["pass_at_hard"]) == len(b["k"])
+        assert all(h <= p for h, p in zip(b["pass_at_hard"], b["pass_at"]))
     assert ppo_json["critic_bytes"] > 0 and os.path.exists(os.path.join(run, "critic.pt"))
     text = open(os.path.join(run, "report.md")).read()
     assert "Best-of-k" in text and "| hard rlhf |" in text
     # What made it: the machine, the commit, the command, the stages' seconds.
     made = rep["made_by"]
     assert made["cores"] == os.cpu_count() and made["seconds"] == pytest.approx(sum(rep["seconds"].values()), abs=0.1)
-    assert text.rstrip().splitlines()[-1].startswith("Made by `python ") and made["commit"] in text
+    assert text.rstrip().splitlines()[-1].startswith("Made by `python ") and f"commit {made['commit']}" in text
 
 
 def test_a_field_added_since_a_record_matches_at_its_default_only(run, tmp_path, capsys):
