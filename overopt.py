@@ -15,7 +15,8 @@ drawn from the pool's own empirical distribution, where identical responses are 
 samples with equal proxy one rank, so the gap to the formula is measured, not assumed.
 The fits (`fit`): least squares, through the origin, of the gold gain over the pretrained model
 against d: best-of-n R(d) = d(α - β d), PPO R(d) = d(α - β log d); α, β, R², and the peak d* and
-the gain there.
+the gain there. A PPO trajectory is read at equal KL two ways: at its first pass through the KL
+(`at_kl`), and as a frontier, the best evaluation at or under it (`best_under`).
 Left out: Gao et al.'s fits across proxy sizes (here the suite reports α, β per proxy, not a law
 over sizes), confidence bands on the fitted curves.
 """
@@ -123,6 +124,14 @@ def at_kl(kl, values, targets):
                 break
         out.append(hit)
     return out
+
+
+def best_under(kl, values, targets):
+    """The frontier reading of a trajectory: for each KL budget in targets, the largest value among
+    the evaluations at or under it (the start, at KL 0, always is): what an oracle that stops at
+    the best evaluation within the budget keeps. The max of noisy evaluations reads high, for
+    every run alike."""
+    return [max(v for k, v in zip(kl, values) if k <= t) for t in targets]
 
 
 def plot(curves, png):

@@ -319,6 +319,26 @@ def overopt_tables(bon, trajs, rows, order, other_base=(), kls=(2, 4, 6, 8), aga
                 else:
                     cells.append(cell(ci_or_none(diffs)))
             lines.append(f"| {cond} | " + " | ".join(cells) + " |")
+    # The frontier reading: the best evaluation within each KL budget, paired against `against`.
+    lines += ["\nThe frontier reading: the best gold gain among each run's evaluations at or under "
+              "each KL (an oracle that stops at the best evaluation within the budget), mean "
+              "[95 % interval] over seeds; paired by seed against " + against + ":\n",
+              "| condition | seeds | " + " | ".join(f"best at <= {k}" for k in kls) + " | "
+              + " | ".join(f"Δ at <= {k}" for k in kls) + " |",
+              "|---|---|" + "---|" * (2 * len(kls))]
+    res["best_under"] = {}
+    for cond in (c for c in order if c in trajs):
+        mine = {s: overopt.best_under(t["kl"], t["gold"], kls) for s, t in trajs[cond].items()}
+        res["best_under"][cond] = mine
+        cells = [cell(ci_or_none([mine[s][i] for s in mine])) for i in range(len(kls))]
+        base = res["best_under"].get(against)
+        for i in range(len(kls)):
+            diffs = [mine[s][i] - base[s][i] for s in mine if base and s in base]
+            if cond == against or cond in other_base or len(diffs) < 2:
+                cells.append("")
+            else:
+                cells.append(verdict(bootstrap_ci(diffs) + (len(diffs),)))
+        lines.append(f"| {cond} | {len(mine)} | " + " | ".join(cells) + " |")
     pairs = [("adaptive", "stop_at_target"), ("adaptive_model2", "stop_model2")]
     lines += ["\n## The key pair: the penalty against stopping at its KL (final evaluations)\n",
               "| pair | seeds | gold, penalty | gold, stopped | gold difference | KL, penalty | "

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-import overopt, store
+import overopt, tables, store
 from tests.test_ref import state_after
 from tests.test_train import no_time, ppo_run
 
@@ -86,6 +86,29 @@ def test_the_fits_recover_known_alpha_and_beta_and_their_peak(form, alpha, beta)
 def test_at_kl_interpolates_at_the_first_pass_and_says_none_beyond():
     kl, gold = [0.0, 1.0, 3.0, 2.0, 5.0], [0.0, 1.0, 2.0, 9.0, 3.0]
     assert overopt.at_kl(kl, gold, [0.5, 2.0, 4.0, 6.0]) == [0.5, 1.5, pytest.approx(5.0), None]
+
+
+def test_the_frontier_reading_keeps_the_best_evaluation_within_each_budget():
+    """The same trajectory: a later evaluation back under a budget counts (KL 2 after 3), one over it never does,
+    and the start (KL 0, gain 0) is always within."""
+    kl, gold = [0.0, 1.0, 3.0, 2.0, 5.0], [0.0, -1.0, 2.0, 9.0, 3.0]
+    assert overopt.best_under(kl, gold, [0.5, 1.0, 2.0, 2.5, 4.0, 6.0]) == [0.0, 0.0, 9.0, 9.0, 9.0, 9.0]
+
+
+def test_the_tables_pair_the_frontier_reading_by_seed():
+    """overopt_tables on two synthetic trajectories per condition: the frontier cells are each seed's best within the
+    budget, and the paired difference is taken seed by seed."""
+    trajs = {"no_kl": {1: dict(kl=[0.0, 3.0, 9.0], gold=[0.0, 0.5, -4.0], proxy=[0.0, 1.0, 2.0]),
+                       2: dict(kl=[0.0, 1.0, 7.0], gold=[0.0, 0.1, -3.0], proxy=[0.0, 0.5, 2.0])},
+             "beta": {1: dict(kl=[0.0, 4.0, 3.0], gold=[0.0, 1.0, 2.5], proxy=[0.0, 1.0, 1.5]),
+                      2: dict(kl=[0.0, 2.0, 3.5], gold=[0.0, 0.7, 1.7], proxy=[0.0, 0.8, 1.2])}}
+    md, res = tables.overopt_tables({}, trajs, [], ["no_kl", "beta"], kls=(2, 4))
+    assert res["best_under"]["beta"] == {1: [0.0, 2.5], 2: [0.7, 1.7]}
+    assert res["best_under"]["no_kl"] == {1: [0.0, 0.5], 2: [0.1, 0.1]}
+    row = next(line for line in md.splitlines() if line.startswith("| beta | 2 |") and "Δ" not in line
+               and line.count("|") == 7)
+    # Differences per seed: at 2, 0.0 - 0.0 and 0.7 - 0.1; at 4, 2.5 - 0.5 and 1.7 - 0.1.
+    assert row.split(" | ")[4].startswith("+0.300 [") and row.split(" | ")[5].startswith("+1.800 [")
 
 
 # ---- through the PPO stage, on the smoke run ----
