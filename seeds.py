@@ -58,8 +58,10 @@ def numbers(run_dir):
     rep = store.load_json(os.path.join(run_dir, "report.json"))
     row = {}
     for name, columns in ROWS.items():
+        # The mean only: the "± std" part of README's row is the spread within one run.
+        label = name.replace("(mean ± std)", "(mean)")
         for policy in POLICIES:
-            row[f"{name}, {policy}"] = rep[policy][columns[0]]
+            row[f"{label}, {policy}"] = rep[policy][columns[0]]
     pre, rlhf = rep["pretrained"], rep["rlhf"]
     row["gold gain (pretrained std)"] = (rlhf["gold_mean"] - pre["gold_mean"]) / pre["gold_std"]
     row["pretraining validation loss"] = store.load_json(
