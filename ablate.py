@@ -614,7 +614,7 @@ def ablate(opts, rest):
         plot(rows, adir, order, run_dir)
         # The pretrained model against each actor.
         if gold:
-            curves = bestofk_curves(rows, order, cfg.eval.pass_gold, ks, cfg.eval.pass_gold_hard)
+            curves = bestofk_curves(rows, order, cfg.eval.pass_gold, cfg.eval.pass_gold_hard, ks)
             plot_bestofk(curves, os.path.join(adir, "bestofk.png"))
         # The main base's conditions: another base has its own world and tokenizer.
         write_examples(cfg, base, adir, [c for c in order if c not in BASES], seed0,

@@ -66,21 +66,16 @@ def bestofk_cells(b):
             **{f"hard_{k}": v for k, v in zip(b["k"], b["pass_at_hard"])}}
 
 
-def bestofk_curves(rows, order, pass_gold, ks=(1, 2, 4, 8, 16), pass_gold_hard=None):
-    """{condition: the mean over seeds of its best-of-k and pass@k curves (and pass@k at
-    pass_gold_hard, given one)}, as evaluate.plot_bestofk takes them."""
+def bestofk_curves(rows, order, pass_gold, pass_gold_hard, ks=(1, 2, 4, 8, 16)):
+    """{condition: the mean over seeds of its best-of-k curve and its pass@k curves at both
+    thresholds}, as evaluate.plot_bestofk takes them."""
     def mean(c, col):
         return float(np.mean([r[col] for r in rows if r["condition"] == c]))
-    curves = {}
-    for c in order:
-        if any(r["condition"] == c for r in rows):
-            curves[c] = dict(k=list(ks), pass_gold=pass_gold,
-                             best=[mean(c, f"best_{k}") for k in ks],
-                             pass_at=[mean(c, f"pass_{k}") for k in ks])
-            if pass_gold_hard is not None:
-                curves[c].update(pass_gold_hard=pass_gold_hard,
-                                 pass_at_hard=[mean(c, f"hard_{k}") for k in ks])
-    return curves
+    return {c: dict(k=list(ks), pass_gold=pass_gold, pass_gold_hard=pass_gold_hard,
+                    best=[mean(c, f"best_{k}") for k in ks],
+                    pass_at=[mean(c, f"pass_{k}") for k in ks],
+                    pass_at_hard=[mean(c, f"hard_{k}") for k in ks])
+            for c in order if any(r["condition"] == c for r in rows)}
 
 
 def bestofk_table(rows, order):
