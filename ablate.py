@@ -5,7 +5,7 @@ seeds each.
                                          # -> out/ablate/
     python ablate.py --suite=estimators  # a suite: core, estimators, reference, beta, anchors,
                                          # or all (SUITES)
-    python ablate.py --quick             # one seed, short runs (32 x 12 sequences): a few minutes
+    python ablate.py --quick             # one seed, short runs (32 x 12 sequences): about 2 minutes
                                          # -> out/ablate_quick/
     python ablate.py --conditions=no_kl,adaptive --seeds=5 --ppo_iters=80
                                          # any train.py flag passes through
