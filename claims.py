@@ -3,6 +3,7 @@ out/report.json, and the ones that differ by more than they may.
 
     python claims.py                       # README.md's table against out/report.json
     python claims.py --out_dir=/tmp/run --readme=README.md --slack=0.05
+    python claims.py --help                # this text
 
 The table is the first markdown table whose header is `| metric | pretrained | RLHF actor |`;
 each row names a report column (ROWS), each cell holds a number or "mean ± std" (bold allowed).
@@ -84,6 +85,10 @@ def differences(text, report, slack=0.0):
 
 
 def parse(argv):
+    # --help (or -h) prints this file's docstring and exits 0.
+    if "--help" in argv or "-h" in argv:
+        print(__doc__.strip())
+        sys.exit(0)
     opts = dict(out_dir="out", readme="README.md", slack="0")
     for a in argv:
         name, _, value = a[2:].partition("=")

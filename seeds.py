@@ -4,6 +4,7 @@ min-max over them.
 
     python seeds.py                        # seeds 1337, 1338, 1339 -> out/seeds/seeds.md
     python seeds.py --seeds=1337,1338 --preset=smoke --out_dir=/tmp/s
+    python seeds.py --help                 # this text; train.py --help lists the other flags
 
 Every flag but --seeds goes to train.py unchanged. The seed that --seed names (default 1337) is
 the main run in --out_dir itself; each other seed runs in --out_dir/seeds/seedN. Each is
@@ -22,6 +23,10 @@ from errors import RunError, die
 
 def parse(argv):
     """(seeds, train.py's flags). Bad input: one line, exit 2."""
+    # --help (or -h) prints this file's docstring, not train.py's, and exits 0.
+    if "--help" in argv or "-h" in argv:
+        print(__doc__.strip())
+        sys.exit(0)
     seeds, rest = "1337,1338,1339", []
     for a in argv:
         if a.startswith("--seeds="):

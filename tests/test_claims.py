@@ -79,3 +79,10 @@ def test_a_nan_in_the_report_always_differs(run, tmp_path, capsys):
     (out / "report.json").write_text(json.dumps(report))
     assert claims.main([f"--out_dir={out}", f"--readme={path}"]) == 1
     assert "rlhf (kl): README" in capsys.readouterr().out
+
+
+def test_help_prints_the_docstring_and_exits_0(capsys):
+    with pytest.raises(SystemExit) as e:
+        claims.main(["--help"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0 and "python claims.py --out_dir=" in out and "--slack" in out

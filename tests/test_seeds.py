@@ -47,3 +47,11 @@ def test_bad_input_is_one_line_and_exit_2_before_any_run(flag, capsys, tmp_path)
         seeds.main([flag, "--preset=smoke", f"--out_dir={tmp_path / 'out'}"])
     assert e.value.code == 2 and len(capsys.readouterr().err.strip().splitlines()) == 1
     assert not (tmp_path / "out").exists()
+
+
+def test_help_prints_seeds_own_docstring_and_exits_0(capsys):
+    with pytest.raises(SystemExit) as e:
+        seeds.main(["--help"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0 and "python seeds.py --seeds=" in out
+    assert "every stage of RLHF" not in out
