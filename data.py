@@ -18,8 +18,8 @@ import math, os, random, re
 import numpy as np
 import torch
 
-import store
 from tokenizer import EOT, load_tokenizer, save_ranks, train_bpe
+from machinery import store
 
 # ---- the world's vocabulary ----
 # General sentiment adjectives fit any aspect of any subject; values are what the gold scorer feels.

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch.nn import functional as F
 
-from config import arg
+from machinery.config import arg
 
 
 @dataclass

@@ -9,8 +9,8 @@ count real tokens only, so a prompt scores the same alone or padded inside a bat
 The response forwards (`response_hidden`, `response_logits`, `token_logprobs`,
 `entropy_from_logits`) are what PPO, the reference and the reward model call on (prompt, response).
 Shapes: B batch, T tokens, C channels, V vocabulary, H heads, R response tokens.
-This file imports only torch. Elsewhere: optimizers (optim.py), bf16 (precision.py), padding and
-masks (sequences.py), checkpoints (state.py).
+This file imports only torch. Elsewhere: optimizers (machinery/optim.py), bf16
+(machinery/precision.py), padding and masks (sequences.py), checkpoints (machinery/state.py).
 Left out: custom kernels, flash-attention flags, weight decay groups per parameter type.
 """
 from dataclasses import dataclass, field

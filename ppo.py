@@ -8,7 +8,7 @@ One iteration of `train_ppo`, as in lm-human-preferences and TRL:
     2. experience  old log-probs from the actor (the rollout policy, never the reference),
                    reference log-probs, critic values, the score (reward model or gold) minus
                    missing_eos_penalty without end-of-text, rewards r_t = -β·kl_t with the score
-                   at the last real token, GAE advantages (whitened; grpo.py's), returns
+                   at the last real token, GAE advantages (whitened; options/grpo.py's), returns
     3. update      ppo_epochs passes over minibatches, each cut to its longest response:
                    ratio = π_θ/π_θ_old
                    pg_losses = max(-A·ratio, -A·clip(ratio, 1-ε, 1+ε))
@@ -17,31 +17,33 @@ One iteration of `train_ppo`, as in lm-human-preferences and TRL:
                    actor and critic have separate optimizers and gradient clips
     4. β           the controller is fed this rollout's exact KL to the penalty's reference
     5. log, save   one metrics row and log line per iteration; a resumable state every
-                   save_interval iterations (state.py)
-Each option enters through one call to the file that owns it: the moving anchors
-(anchors.py, --ref_update), the KL rollback and early stop (rollback.py, --kl_max, --stop_kl),
-the held-out evaluation (evaluate.py, --eval_every), group baselines (grpo.py,
---advantage), the pretraining mix (--ptx_coef, InstructGPT's PPO-ptx: the LM loss on train.bin
-windows, a second anchor, to the data) and torchrun (dist.py: no-ops in one process; each rank
-samples and trains on its share, gradients averaged, advantages whitened, β fed and metrics
-reduced over all ranks).
+                   save_interval iterations (machinery/state.py)
+Each option enters through one call to the file that owns it: the KL rollback and early stop
+(--kl_max, --stop_kl: `rollback.guard`), the moving anchors (--ref_update: `anchor.moving` around
+the update), the held-out evaluation (--eval_every: `evaluate.during_ppo`), group baselines
+(--advantage: `grpo.advantages` in make_experience), the pretraining mix (--ptx_coef,
+InstructGPT's PPO-ptx: the LM loss on train.bin windows in ppo_update, a second anchor, to the
+data) and torchrun (machinery/dist.py: no-ops in one process; each rank samples and trains on its
+share, gradients averaged, advantages whitened, β fed and metrics reduced over all ranks).
 Shapes: B batch, Tp prompt tokens (left-padded), R response tokens, V vocabulary; mask (B, R) is
 true up to and including end-of-text.
 Left out: a value head sharing the actor's trunk, reward whitening, early stopping on approx-KL.
 """
 from collections import defaultdict
 from dataclasses import dataclass, replace
-import os, time
+import functools, os, time
 import torch
 
-import anchors, data, dist, evaluate, grpo, optim, rollback, state, store
-from config import arg
-from errors import RunError
+import data
 from kl import FULL, kl_full, make_kl_controller, per_token_kl, shaped_rewards
 from model import entropy_from_logits, response_logits, token_logprobs
-from precision import cast_once
+from ref import check_starts_at
 from reward import gold_scores, response_values, score as reward_score
 from sequences import encode_prompts, join_tokens, masked_mean, response_mask
+from machinery import dist, evaluate, optim, state, store
+from machinery.config import arg
+from machinery.precision import cast_once
+from options import anchors, grpo, rollback
 
 
 @dataclass
@@ -198,10 +200,12 @@ def make_experience(actor, critic, ref, pen_ref, rm, query, query_mask, response
         batch["ref_logprobs"] = pen_logprobs
         if kl_cfg.kl_estimator in FULL:
             batch["ref_logits"] = pen_logits
-    # advantages: before whitening (the inspect page); kl: the estimator, as penalised;
+    # beta: the β the rewards were shaped with; advantages: before whitening (the inspect page);
+    # kl: the estimator, as penalised;
     # non_score: the penalty the rewards hold; kl_exact: to the frozen reference; kl_pen: the
     # exact KL to the penalty's reference, what β controls.
-    info = dict(scores=scores, reward=reward, gold=gold, truncated=truncated, rewards=rewards,
+    info = dict(beta=beta, scores=scores, reward=reward, gold=gold, truncated=truncated,
+                rewards=rewards,
                 mask=mask, advantages=torch.where(mask, advantages, 0.0),
                 kl=torch.where(mask, kl, 0.0),
                 non_score=torch.where(mask, -beta * in_reward, 0.0).sum(1),
@@ -210,15 +214,21 @@ def make_experience(actor, critic, ref, pen_ref, rm, query, query_mask, response
     return batch, info
 
 
-def check_starts_at_reference(ref, info):
-    """The first rollout of an exact reference (full, lora, shared_n) must be at KL 0 from it:
-    else the actor is not the model the reference was copied from."""
-    if not ref.exact:
-        return
-    if dist.all_reduce(info["kl_exact"].abs().max(), "max") > 1e-6:
-        kl = info["kl_exact"].max().item()
-        raise RunError(f"the first rollout is {kl:.3g} nats from the reference, not 0: the actor "
-                       "does not start as the reference (a stale ref.pt?); redo with --fresh")
+def collect_experience(actor, critic, ref, anchor, rm, enc, prompts, kl_ctl, cfg, gold_norm):
+    """Steps 1 and 2 of an iteration for its prompts (text): the actor as it is now answers them
+    (`rollout`), and `make_experience` scores the answers with β as kl_ctl has it now, the penalty
+    paid to the anchor's current reference. Returns (batch, info)."""
+    run = cfg.run
+    q, qm = (x.to(run.device) for x in encode_prompts(enc, prompts))  # (B, Tp)
+    # Dropout off during RL; gradients still flow.
+    actor.eval()
+    if critic is not None:
+        critic.eval()
+    resp, gold = rollout(actor, enc, prompts, q, qm, run)
+    return make_experience(
+        actor=actor, critic=critic, ref=ref, pen_ref=anchor.current, rm=rm, query=q,
+        query_mask=qm, response=resp, eos=enc.eot_token, beta=kl_ctl.value, kl_cfg=cfg.kl,
+        cfg=cfg.ppo, temperature=run.temperature, gold=gold, gold_norm=gold_norm)
 
 
 def minibatches(lengths, size, order):
@@ -305,16 +315,18 @@ def ppo_update(actor, critic, opts, guards, batch, cfg, temperature, beta=0.0, k
     return {k: sum(v) / len(v) for k, v in stats.items()}
 
 
-def metrics_row(it, info, stats, beta, guards, limit, kl_first, n_responses, seconds, elapsed):
+def metrics_row(it, info, stats, guards, limit, seconds, elapsed):
     """Iteration it's metrics, named as TRL names them (objective/, policy/, loss/, val/, time/).
-    kl_first: the first rollout's KL (the one --kl_max judged, even if it was redone)."""
+    info["kl_before_rollback"]: the first rollout's KL (the one --kl_max judged, even if it was
+    redone)."""
     mask = info["mask"]
     n_tok = mask.sum().item()
+    n_responses = mask.size(0)
     return {"iter": it + 1,
             "objective/kl": info["kl_exact"].mean().item(),
             "objective/kl_penalized": info["kl_pen"].mean().item(),
             "objective/kl_estimate": info["kl"].sum(1).mean().item(),
-            "objective/kl_coef": beta,
+            "objective/kl_coef": info["beta"],
             "objective/scores": info["scores"].mean().item(),
             "objective/gold": info["gold"].mean().item(),
             "objective/non_score_reward": info["non_score"].mean().item(),
@@ -326,7 +338,7 @@ def metrics_row(it, info, stats, beta, guards, limit, kl_first, n_responses, sec
             "policy/ratio_dev_first": stats["ratio_dev_first"],
             "policy/skipped_updates": guards[0].skipped + guards[1].skipped,
             "policy/rollbacks": 0 if limit is None else limit.count,
-            "policy/kl_before_rollback": kl_first,
+            "policy/kl_before_rollback": info["kl_before_rollback"],
             "loss/policy_avg": stats["pg_loss"],
             "loss/value_avg": stats["vf_loss"],
             "loss/kl_avg": stats["kl_loss"],
@@ -380,7 +392,7 @@ def train_ppo(actor, critic, ref, rm, enc, prompts, cfg, run_dir, stamp, log=say
     guards = (optim.StepGuard("PPO (actor)"), optim.StepGuard("PPO (critic)"))
     kl_ctl = make_kl_controller(kc, pc.ppo_iters * pc.rollout_batch)
     anchor = anchors.Anchor(ref, cfg.anchor)
-    limit = rollback.make_rollback(cfg.rollback)
+    limit = rollback.make_rollback(cfg.rollback, actor, critic, opts, kl_ctl, anchor)
     prompt_gen = torch.Generator().manual_seed(run.seed)
     # ptx: its windows from a stream of their own, so ptx_coef=0 changes nothing else.
     ptx_gen = torch.Generator().manual_seed(run.seed + 7 + 1000003 * dist.rank())
@@ -391,10 +403,12 @@ def train_ppo(actor, critic, ref, rm, enc, prompts, cfg, run_dir, stamp, log=say
                                              ptx_gen, run.device)
     # torchrun: each rank its own sampling noise.
     dist.seed_rank(run.seed)
-    state_path = os.path.join(run_dir, "ppo_state.pt")
     metrics_path = os.path.join(run_dir, "metrics.jsonl")
-    metrics, start = state.load_ppo_state(state_path, stamp, log, actor, critic, opts, guards,
-                                          kl_ctl, (prompt_gen, ptx_gen), anchor, limit)
+    # What a resumable state holds, and the file it is in (machinery/state.py).
+    trained = dict(actor=actor, critic=critic, opts=opts, guards=guards, kl_ctl=kl_ctl,
+                   gens=(prompt_gen, ptx_gen), anchor=anchor, rollback=limit)
+    saved = os.path.join(run_dir, "ppo_state.pt"), stamp
+    metrics, start = state.load_ppo_state(*saved, log, **trained)
     # The log as the state has it: a kill after the last iteration leaves none to write it.
     if metrics and dist.is_main():
         store.save_json(metrics_path, metrics, lines=True)
@@ -402,53 +416,25 @@ def train_ppo(actor, critic, ref, rm, enc, prompts, cfg, run_dir, stamp, log=say
     # ---- ppo loop ----
     for it in range(start, pc.ppo_iters):
         t_it = time.time()
-        batch_prompts = draw_prompts(prompts, pc, local, prompt_gen)
-        q, qm = (x.to(run.device) for x in encode_prompts(enc, batch_prompts))  # (B, Tp)
-        # Dropout off during RL; gradients still flow.
-        actor.eval()
-        if critic is not None:
-            critic.eval()
-        # 1. rollout
-        resp, gold = rollout(actor, enc, batch_prompts, q, qm, run)
-        # 2. experience
-        beta = kl_ctl.value
-        batch, info = make_experience(
-            actor=actor, critic=critic, ref=ref, pen_ref=anchor.current, rm=rm, query=q,
-            query_mask=qm, response=resp, eos=enc.eot_token, beta=beta, kl_cfg=kc, cfg=pc,
-            temperature=run.temperature, gold=gold, gold_norm=gold_norm)
+        # 1. rollout and 2. experience, for this iteration's prompts
+        collect = functools.partial(collect_experience, actor, critic, ref, anchor, rm, enc,
+                                    draw_prompts(prompts, pc, local, prompt_gen), kl_ctl, cfg,
+                                    gold_norm)
+        batch, info = collect()
         if it == 0:
-            check_starts_at_reference(ref, info)
-        kl_first = info["kl_exact"].mean().item()
-        # --kl_max: a rollout above the limit brings back the last state under it, β raised,
-        # and is redone from there (torchrun: one decision for all ranks).
-        if limit is not None and limit.above(dist.all_reduce(kl_first, "mean")):
-            limit.restore(actor, critic, opts, kl_ctl, anchor)
-            # --stop_kl: the run ends here, with the last actor under the limit.
-            if limit.stops:
-                state.save_ppo_state(state_path, stamp, pc.ppo_iters, metrics, actor, critic,
-                                     opts, guards, kl_ctl, (prompt_gen, ptx_gen), anchor, limit)
-                log(limit.stop_line(it, kl_first))
-                break
-            resp, gold = rollout(actor, enc, batch_prompts, q, qm, run)
-            beta = kl_ctl.value
-            batch, info = make_experience(
-                actor=actor, critic=critic, ref=ref, pen_ref=anchor.current, rm=rm, query=q,
-                query_mask=qm, response=resp, eos=enc.eot_token, beta=beta, kl_cfg=kc, cfg=pc,
-                temperature=run.temperature, gold=gold, gold_norm=gold_norm)
-        if limit is not None:
-            kl_now = dist.all_reduce(info["kl_exact"].mean().item(), "mean")
-            limit.keep_if_under(kl_now, actor, critic, opts, kl_ctl, anchor)
-        # --ref_update=rolling: this iteration's policy, frozen, becomes the next anchor.
-        anchor.before_update(actor)
-        # 3. update
-        stats = ppo_update(actor, critic, opts, guards, batch, local, run.temperature, beta, kc,
-                           ptx_batch)
-        # 4. β (the same on every rank), and a moving anchor moves on
+            check_starts_at(ref, info["kl_exact"])
+        # --kl_max, --stop_kl: a rollout too far from the reference is undone (options/rollback.py).
+        batch, info = rollback.guard(limit, it, batch, info, collect)
+        if batch is None:
+            break
+        # 3. update; --ref_update: a moving anchor moves around it (options/anchors.py).
+        with anchor.moving(actor, it):
+            stats = ppo_update(actor, critic, opts, guards, batch, local, run.temperature,
+                               info["beta"], kc, ptx_batch)
+        # 4. β, fed this rollout's exact KL to the penalty's reference (the same on every rank)
         kl_ctl.update(dist.all_reduce(info["kl_pen"].mean().item(), "mean"), pc.rollout_batch)
-        anchor.after_update(actor, it)
         # 5. log
-        row = metrics_row(it, info, stats, beta, guards, limit, kl_first, len(resp),
-                          time.time() - t_it, time.time() - t0)
+        row = metrics_row(it, info, stats, guards, limit, time.time() - t_it, time.time() - t0)
         # --eval_every: the updated actor on held-out prompts, from a random stream of its own.
         if evaluate.due(cfg.eval, it):
             row.update(evaluate.during_ppo(actor, enc, heldout, run, ref, rm, cfg.eval))
@@ -459,6 +445,9 @@ def train_ppo(actor, critic, ref, rm, enc, prompts, cfg, run_dir, stamp, log=say
         log(log_line(row, pc.ppo_iters, eta))
         # 6. save
         if (it + 1) % pc.save_interval == 0 or it + 1 == pc.ppo_iters:
-            state.save_ppo_state(state_path, stamp, it + 1, metrics, actor, critic, opts, guards,
-                                 kl_ctl, (prompt_gen, ptx_gen), anchor, limit)
+            state.save_ppo_state(*saved, it + 1, metrics, **trained)
+    # --stop_kl: the last actor under the budget, saved as a finished run.
+    if limit is not None and limit.stopped:
+        state.save_ppo_state(*saved, pc.ppo_iters, metrics, **trained)
+        log(limit.stop_line())
     return metrics, kl_ctl.value

@@ -1,16 +1,23 @@
-"""The reference π_ref: a frozen copy of the pretrained model that scores responses.
+"""The reference π_ref: how it is made, frozen, scored, and shown to have stayed frozen.
 
-    python train.py --stage=reference     # saves ref.pt, the pretrained model frozen
+    python train.py --stage=reference     # saves ref.pt: the pretrained model's weights
     python -m pytest -q tests/test_ref.py
 
-It answers one question during RLHF: how likely was each response token (or each vocabulary
-entry) before any RL? kl.py turns the answer into the per-token penalty. It has no optimizer, no
-gradients and no dropout, and it uses the same temperature as sampling. A full reference starts
-at exactly KL 0 from the actor (`exact`: PPO checks its first rollout). Under --dtype=bf16 it
-scores through a copy whose matmul weights are cast to bf16 once (precision.linears_in_bf16),
-remade when its weights change. Cheaper ways to hold it (bf16, int8, nf4, LoRA, shared blocks)
-are in cheap_ref.py; references that move (rolling, sync, reset) in anchors.py; the KL limit that
-guards the distance to it in rollback.py.
+Its life, in the order a run meets it:
+    made      `save_reference`: the reference stage writes the pretrained model's weights to
+              ref.pt, once
+    frozen    `load_reference`: every PPO run loads ref.pt into one model, in eval mode (no
+              dropout) and without gradients; no optimizer ever sees it. That model is the
+              reference
+    scored    `Reference.logits`, `Reference.logprobs`: at the sampling temperature, what it says
+              of each response token; kl.py turns that into the per-token penalty
+    checked   `check_starts_at`: the first rollout is at exactly KL 0 from it (the actor starts as
+              the model it was copied from); `check_unchanged`: after PPO every tensor it scored
+              with is bit for bit what ref.pt gives, or the run stops (exit 1) naming the tensor
+Under --dtype=bf16 it scores through a copy whose matmul weights are cast to bf16 once
+(precision.linears_in_bf16), remade when its weights change. Cheaper ways to hold it (bf16, int8,
+nf4, LoRA, shared blocks) are in options/cheap_ref.py; references that move (rolling, sync, reset)
+in options/anchors.py; the KL limit that guards the distance to it in options/rollback.py.
 Left out: a reference on another device than the actor, reference logits cached across epochs.
 """
 import copy
@@ -18,22 +25,43 @@ import torch
 import torch.nn as nn
 
 from model import response_logits, token_logprobs
-from precision import bf16_autocast, linears_in_bf16
+from machinery import dist
+from machinery.errors import RunError
+from machinery.precision import bf16_autocast, linears_in_bf16
+from machinery.state import load_checkpoint, save_checkpoint
+
+
+def freeze(model):
+    """The model itself, in eval mode (no dropout) and with no gradients."""
+    return model.eval().requires_grad_(False)
 
 
 def frozen_copy(model, memo=None):
-    """A deep copy in eval mode with no gradients: never seen by an optimizer. memo: tensors the
-    copy shares instead (copy.deepcopy's memo)."""
-    return copy.deepcopy(model, memo).eval().requires_grad_(False)
+    """A frozen deep copy: never seen by an optimizer. memo: tensors the copy shares instead
+    (copy.deepcopy's memo)."""
+    return freeze(copy.deepcopy(model, memo))
+
+
+def save_reference(pretrain_path, ref_path):
+    """The reference stage: ref.pt holds the pretrained model's weights. Returns the model."""
+    model, _ = load_checkpoint(pretrain_path)
+    save_checkpoint(model, ref_path)
+    return model
+
+
+def load_reference(ref_path, device):
+    """A run's reference: ref.pt's model, frozen where it was loaded (the one copy there is)."""
+    model, _ = load_checkpoint(ref_path, device)
+    return Reference(freeze(model), copy=False)
 
 
 class Reference:
-    """Scores responses without gradients: a frozen deep copy of `actor`. copy=False: `actor` is
-    used as it is (already the reference's own). exact: it starts at KL 0 from the pretrained
-    model."""
+    """Scores responses without gradients. model: frozen, as a copy of it (copy=True) or as it is
+    (copy=False: already frozen, or --ref=lora's actor with its adapters off). exact: it starts
+    at KL 0 from the pretrained model."""
 
-    def __init__(self, actor, exact=True, copy=True):
-        self.model = frozen_copy(actor) if copy else actor
+    def __init__(self, model, exact=True, copy=True):
+        self.model = frozen_copy(model) if copy else model
         self.exact = exact
         # --dtype=bf16: (the weights it was cast from, the bf16 copy); see `bf16_model`.
         self.cast = None
@@ -66,3 +94,44 @@ class Reference:
         """(B, R) log π_ref of the sampled response tokens."""
         logits = self.logits(query, query_mask, response, temperature)  # (B, R, V)
         return token_logprobs(logits, response)
+
+    def state(self):
+        """Every tensor the reference scores with, by name (weights and buffers)."""
+        return self.model.state_dict()
+
+
+def check_starts_at(ref, kl_exact):
+    """The first rollout of an exact reference (full, lora, shared_n) is at KL 0 from it: else the
+    actor is not the model the reference was copied from. kl_exact (B,): each response's exact KL
+    to the reference. RunError otherwise."""
+    if not ref.exact:
+        return
+    if dist.all_reduce(kl_exact.abs().max(), "max") > 1e-6:
+        kl = kl_exact.max().item()
+        raise RunError(f"the first rollout is {kl:.3g} nats from the reference, not 0: the actor "
+                       "does not start as the reference (a stale ref.pt?); redo with --fresh")
+
+
+def first_change(now, expected):
+    """Why two {name: tensor} states differ, naming the first tensor that does (its value, dtype
+    or shape), or a name only one holds; None when every tensor is bit for bit the same."""
+    if now.keys() != expected.keys():
+        extra = sorted(now.keys() ^ expected.keys())[0]
+        return f"{extra} is in only one of them"
+    for name, t in now.items():
+        e = expected[name]
+        if t.dtype != e.dtype or t.shape != e.shape:
+            return f"{name} is {t.dtype} {tuple(t.shape)}, not {e.dtype} {tuple(e.shape)}"
+        if not torch.equal(t.cpu(), e.cpu()):
+            return f"{name} holds other values"
+    return None
+
+
+def check_unchanged(ref, expected):
+    """After PPO: the tensors the reference scored with are bit for bit `expected`, what ref.pt
+    gives through the same build (options/cheap_ref.as_built). RunError (exit 1) naming the first
+    that is not: the run's KL was paid to another model than π_ref."""
+    change = first_change(ref.state(), expected)
+    if change:
+        raise RunError(f"the reference changed during PPO: {change} than ref.pt gives (a frozen "
+                       "model was written to); nothing of this run is kept", 1)

@@ -6,8 +6,8 @@ two responses sampled from the pretrained model, labelled by the world's noisy a
 (data.label_pair). The model is trained with the Bradley-Terry loss  -log σ(r_chosen - r_rejected)
 on the score read at the last real token, in batches of pairs of about the same length, then
 normalised (gain, bias) so that responses of the pretrained policy score mean 0, std 1. The critic
-(ppo.py) is a copy of this model. Run via `python train.py --stage=reward`. Under torchrun each
-rank trains on its share of every batch of pairs (dist.py); the scalar is computed in fp32 even
+(ppo.py) is a copy of this model. Run via `python train.py --stage=reward`. Under torchrun each rank
+trains on its share of every batch of pairs (machinery/dist.py); the scalar is computed in fp32 even
 under bf16.
 --reward=gold puts the simulated human in its place (`gold_scores`), in the same units:
 `gold_normaliser` is the mean and std of the gold scores of the same pretrained samples
@@ -21,12 +21,13 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-import data, dist, store
-from config import arg
+import data
 from model import GPT, GPTConfig, response_hidden
-from optim import StepGuard, adamw
-from precision import cast_once
 from sequences import encode_prompts, join_tokens, pad_left, response_mask
+from machinery import dist, store
+from machinery.config import arg
+from machinery.optim import StepGuard, adamw
+from machinery.precision import cast_once
 
 
 @dataclass

@@ -16,8 +16,8 @@ trains in seconds).
 import base64, os
 from collections import Counter
 
-import store
-from errors import RunError
+from machinery import store
+from machinery.errors import RunError
 
 EOT = "<|endoftext|>"
 

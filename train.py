@@ -3,8 +3,6 @@
     python train.py                   # every stage not done yet (world, pretrain, ..., ppo, report)
     python train.py --stage=pretrain  # redo one stage, removing what later stages made from it
     python train.py --stage=sample --prompt='review: the nova pro phone\\n'  # the RLHF actor alone
-    python train.py --stage=inspect   # out/inspect.html: each response token coloured by its KL
-                                      # to the reference
     python train.py --preset=smoke    # everything tiny, seconds (the tests use it)
     python train.py --help            # every config field, overridable as --name=value
 
@@ -14,36 +12,39 @@ Pretraining and PPO save resumable checkpoints: the same command after a kill go
 stopped and ends with the same numbers.
 This file is the driver: GROUPS (the config), `parse` with the checks across fields and files, and
 `run_stages`, which plans from stages.json and runs what is missing. The stages and their table
-(STAGES) are in stages.py; the PPO loop itself is in ppo.py.
+(STAGES) are in machinery/stages.py; the PPO loop itself is in ppo.py. The token-by-token page
+reads a finished run: python -m lab.inspect_page.
 Under `torchrun --standalone --nproc_per_node=N train.py ...` pretraining, the reward model and PPO
-train on N processes (each its share of every batch, gradients averaged: dist.py); rank 0 alone
-plans, writes and prints, and runs the other stages while the rest wait. Lines under a
-`# torchrun` comment are the only ones a single process skips past.
+train on N processes (each its share of every batch, gradients averaged: machinery/dist.py); rank 0
+alone plans, writes and prints, and runs the other stages while the rest wait. Lines under a `#
+torchrun` comment are the only ones a single process skips past.
 Left out: resuming the preferences and reward stages half way.
 """
 import dataclasses, os, sys, time
 import torch
 
-import anchors, cheap_ref, dist, grpo, kl, rollback, store, tokenizer
-from anchors import AnchorConfig
-from cheap_ref import RefConfig
-from config import RunConfig, WorldConfig, check, die, parse_args
-from errors import RunError
-from evaluate import EvalConfig
-from inspect_page import InspectConfig
+import kl, tokenizer
 from kl import KLConfig
 from model import GPTConfig
 from ppo import PPOConfig
-from precision import auto_dtype, autocast
-from pretrain import PretrainConfig
 from reward import RewardConfig
-from rollback import RollbackConfig
-from stages import (BY_NAME, INSPECT, SAMPLE, STAGES, build_world_aside, files, load_timings, path,
-                    seed_everything, stamp, world_ok)
+from machinery import dist, store
+from machinery.config import RunConfig, WorldConfig, check, die, parse_args
+from machinery.errors import RunError
+from machinery.evaluate import EvalConfig
+from machinery.precision import auto_dtype
+from machinery.pretrain import PretrainConfig
+from machinery.records import load_records, make_record, plan, records_path
+from machinery.stages import (BY_NAME, SAMPLE, STAGES, build_world_aside, files, load_timings,
+                              path, run_stage, stamp, world_ok)
+from options import anchors, cheap_ref, grpo, rollback
+from options.anchors import AnchorConfig
+from options.cheap_ref import RefConfig
+from options.rollback import RollbackConfig
 
 GROUPS = dict(run=RunConfig, world=WorldConfig, gpt=GPTConfig, pretrain=PretrainConfig,
               reward=RewardConfig, kl=KLConfig, ppo=PPOConfig, ref=RefConfig, anchor=AnchorConfig,
-              rollback=RollbackConfig, eval=EvalConfig, inspect=InspectConfig)
+              rollback=RollbackConfig, eval=EvalConfig)
 
 
 def parse(argv):
@@ -87,28 +88,47 @@ def follow_stages(cfg):
     for name in plan:
         st = BY_NAME[name]
         if name in TRAINING:
-            seed_everything(cfg.run.seed)
-            with autocast(cfg.run.device, cfg.run.dtype):
-                st.fn(cfg, stamp(cfg, st))
+            run_stage(cfg, st, stamp(cfg, st))
         # Wait until rank 0 has written this stage's outputs and records.
         dist.barrier()
     return {}
 
 
-def check_read_only(cfg):
-    """A read-only stage (sample, inspect) needs a finished run: its input files, and a world made
-    with this --tokenizer. RunError otherwise, before anything is made (not even the folder)."""
-    st, out = BY_NAME[cfg.run.stage], cfg.run.out_dir
-    missing = [n for n in files(cfg, st.inputs) if not os.path.exists(path(cfg, n))]
+def check_finished(cfg, what, inputs):
+    """A command that reads a finished run (the sample stage, lab/inspect_page.py) needs its input
+    files, and a world made with this --tokenizer. RunError otherwise, before anything is made (not
+    even the folder). what: the command, for the message."""
+    out = cfg.run.out_dir
+    missing = [n for n in files(cfg, inputs) if not os.path.exists(path(cfg, n))]
     if missing:
-        raise RunError(f"stage {st.name} needs {', '.join(missing)} in {out}: run the stages "
-                       "before it first")
-    world = store.load_records(out).get("world", {})
+        raise RunError(f"{what} needs {', '.join(missing)} in {out}: run the stages before it "
+                       "first")
+    world = load_records(out).get("world", {})
     made = world.get("config", {}).get("tokenizer", cfg.world.tokenizer)
     # Its other flags only say how to sample.
     if made != cfg.world.tokenizer:
         raise RunError(f"the world in {out} was made with --tokenizer={made}, now --tokenizer="
-                       f"{cfg.world.tokenizer}: stage {st.name} reads that world's tokens")
+                       f"{cfg.world.tokenizer}: {what} reads that world's tokens")
+
+
+def open_folder(cfg, read_only=None, writes=True):
+    """out_dir checked before any work: a folder (made here unless `read_only`), writable when the
+    command `writes`; read_only: (what, inputs) of a command that reads a finished run
+    (check_finished). Bad input: one line, exit 2. Returns the run lock (store.Lock), to hold."""
+    out = cfg.run.out_dir
+    if store.not_a_folder(out):
+        die(f"--out_dir={out} {store.not_a_folder(out)}")
+    # A read-only command on a folder without a finished run makes nothing, not even the folder.
+    if read_only:
+        check_finished(cfg, *read_only)
+    try:
+        os.makedirs(out, exist_ok=True)
+    except OSError as e:
+        die(f"--out_dir={out} cannot be made ({e.strerror})")
+    if writes and store.unwritable(out):
+        die(f"--out_dir={out} is not writable ({store.unwritable(out)}): use a folder this "
+            "process may write, or another --out_dir")
+    return store.Lock(out, read_only=not writes)
 
 
 def run_stages(cfg, upto=None):
@@ -121,25 +141,24 @@ def run_stages(cfg, upto=None):
     out = cfg.run.out_dir
     # A damaged record is a missing one: its stage is redone, and a line says so.
     notes = []
-    records = {} if cfg.run.fresh else store.load_records(out, notes)
+    records = {} if cfg.run.fresh else load_records(out, notes)
     timings = {} if cfg.run.fresh else load_timings(cfg, notes)
     for line in notes:
         print(line)
     # Nothing recorded by a read-only stage; config.json is left as it is.
-    read_only = cfg.run.stage in ("sample", "inspect")
+    read_only = cfg.run.stage == "sample"
     if read_only:
-        check_read_only(cfg)
         todo, kept = [BY_NAME[cfg.run.stage]], []
     else:
         stages = STAGES[:[s.name for s in STAGES].index(upto) + 1] if upto else STAGES
-        todo, kept = store.plan(stages, cfg.run.stage, out, records, lambda st: stamp(cfg, st),
+        todo, kept = plan(stages, cfg.run.stage, out, records, lambda st: stamp(cfg, st),
                                 lambda st: files(cfg, st.outputs))
     for name in kept:
         print(f"---- stage {name}: done with this config, kept ----")
     if todo and todo[0].name == "world":
         build_world_aside(cfg)
     else:
-        world_ok(cfg, corpus=todo not in ([SAMPLE], [INSPECT]))
+        world_ok(cfg, corpus=todo != [SAMPLE])
     if cfg.run.fresh:
         made = [n for st in STAGES for n in st.outputs + [st.partial] if n]
         for n in made + ["stages.json", "timings.json"]:
@@ -157,19 +176,16 @@ def run_stages(cfg, upto=None):
                 records.pop(later.name, None)
                 for n in later.outputs:
                     store.remove(path(cfg, n))
-            store.save_json(store.records_path(out), records)
+            store.save_json(records_path(out), records)
         # The dtype is the one that runs: with --dtype=auto, what it chose.
         print(f"---- stage {st.name} ---- ({cfg.run.dtype})", flush=True)
-        seed_everything(cfg.run.seed)
         t = time.time()
-        # Under fp32 a no-op; under bf16 it takes every forward of the stage (model.py).
-        with autocast(cfg.run.device, cfg.run.dtype):
-            st.fn(cfg, stamp(cfg, st))
+        run_stage(cfg, st, stamp(cfg, st))
         if st.outputs:
             s = stamp(cfg, st)
-            records[st.name] = store.make_record(out, s["config"], files(cfg, st.inputs),
+            records[st.name] = make_record(out, s["config"], files(cfg, st.inputs),
                                                  files(cfg, st.outputs), s["defaults"], s["code"])
-            store.save_json(store.records_path(out), records)
+            store.save_json(records_path(out), records)
             timings[st.name] = round(time.time() - t, 1)
             store.save_json(path(cfg, "timings.json"), timings)
             if st.partial:
@@ -193,21 +209,10 @@ def main(argv):
         # torchrun: rank 0 checks the folder and holds the lock.
         if not dist.is_main():
             return run_stages(cfg)
-        out = cfg.run.out_dir
-        if store.not_a_folder(out):
-            die(f"--out_dir={out} {store.not_a_folder(out)}")
-        # A read-only stage on a folder without a finished run makes nothing, not even the folder.
-        if cfg.run.stage in ("sample", "inspect"):
-            check_read_only(cfg)
-        try:
-            os.makedirs(out, exist_ok=True)
-        except OSError as e:
-            die(f"--out_dir={out} cannot be made ({e.strerror})")
+        sample = cfg.run.stage == "sample"
+        reads = ("stage sample", SAMPLE.inputs) if sample else None
         # Only the sample stage writes nothing: every other command must be able to write here.
-        if cfg.run.stage != "sample" and store.unwritable(out):
-            die(f"--out_dir={out} is not writable ({store.unwritable(out)}): use a folder this "
-                "process may write, or another --out_dir")
-        with store.Lock(out, read_only=cfg.run.stage == "sample"):
+        with open_folder(cfg, read_only=reads, writes=not sample):
             return run_stages(cfg)
     except RunError as e:
         # torchrun: one line, from rank 0 (errors.die).

@@ -3,8 +3,10 @@ Ctrl-C are one line, and Ctrl-C leaves no worker behind."""
 import json, math, os, signal, subprocess, sys, time
 import numpy as np
 import pytest
-import ablate, stages, store, tables, train
-from config import flat
+import train
+from lab import ablate, tables
+from machinery import stages, store
+from machinery.config import flat
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -158,7 +160,7 @@ def test_ctrl_c_stops_every_worker(run):
     (under load they may not have started yet): one line on stderr, exit 130, the workers gone when the parent is
     (it joins them), then nothing of the process group left."""
     adir = os.path.join(run, "ablate_int")
-    p = subprocess.Popen([sys.executable, "ablate.py", "--preset=smoke", f"--out_dir={run}", "--subdir=ablate_int",
+    p = subprocess.Popen([sys.executable, "-m", "lab.ablate", "--preset=smoke", f"--out_dir={run}", "--subdir=ablate_int",
                           "--conditions=no_kl,fixed_0.5", "--ppo_iters=100000", "--jobs=2"], cwd=ROOT,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))   # as from a terminal
@@ -246,7 +248,7 @@ def same_numbers(a, b):
 def test_a_kill_9_of_ablate_stops_its_workers_and_the_rerun_ends_as_a_clean_run(run):
     flags = ["--preset=smoke", f"--out_dir={run}", "--conditions=no_kl,fixed_0.5", "--seeds=1", "--ppo_iters=8",
              "--n_eval=8", "--jobs=2"]
-    p = subprocess.Popen([sys.executable, "ablate.py", *flags, "--subdir=ablate_kill"], cwd=ROOT,
+    p = subprocess.Popen([sys.executable, "-m", "lab.ablate", *flags, "--subdir=ablate_kill"], cwd=ROOT,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     adir = os.path.join(run, "ablate_kill")
     runs = [os.path.join(adir, c, "seed1337") for c in ("no_kl", "fixed_0.5")]
@@ -272,7 +274,7 @@ def test_a_kill_9_of_ablate_stops_its_workers_and_the_rerun_ends_as_a_clean_run(
 
 
 WORKER = """import os, sys, time
-import store
+from machinery import store
 store.stop_writing_if_orphaned(int(sys.argv[1]))        # as ablate's workers do; no prctl here
 store.write_text(sys.argv[2] + "/ready", "")           # the parent is alive: writes go through
 while not os.path.exists(sys.argv[2] + "/go"):
@@ -305,7 +307,7 @@ def test_a_worker_whose_parent_is_gone_writes_nothing_more(tmp_path):
 def test_a_worker_dies_with_its_parent_even_between_writes(tmp_path):
     """The Linux half: ablate's pool initializer asks the kernel to kill a worker when its parent dies, so a worker
     busy in a long computation (no write to check at) stops at once too."""
-    parent = subprocess.Popen([sys.executable, "-c", "import multiprocessing, os, time, ablate\n"
+    parent = subprocess.Popen([sys.executable, "-c", "import multiprocessing, os, time\nfrom lab import ablate\n"
                                "if __name__ == '__main__':\n"
                                "    pool = multiprocessing.get_context('spawn').Pool(1, ablate._worker_init, (os.getpid(),))\n"
                                "    print(pool.apply(os.getpid), flush=True)\n"      # the worker is set up
@@ -422,7 +424,8 @@ def test_every_run_gives_train_parse_each_flag_once(run, monkeypatch):
 
 
 FAILING = """import sys
-import ablate, stages
+from lab import ablate
+from machinery import stages
 
 
 class Odd(Exception):

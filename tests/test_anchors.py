@@ -4,9 +4,10 @@ resume; --ptx_coef adds exactly ptx_coef x the language-model loss's gradient to
 import copy, os
 import pytest
 import torch
-import ppo, stages, store, train
+import ppo, train
+from machinery import stages, store
 from kl import KLConfig
-from optim import StepGuard
+from machinery.optim import StepGuard
 from test_ppo import EOS, tiny
 
 

@@ -4,7 +4,7 @@ input is one line and exit 2. And README's own table parses into the 14 numbers 
 import json, os
 import pytest
 
-import claims
+from lab import claims
 
 SMOKE_TABLE = """| metric | pretrained | RLHF actor |
 |---|---|---|
@@ -85,4 +85,4 @@ def test_help_prints_the_docstring_and_exits_0(capsys):
     with pytest.raises(SystemExit) as e:
         claims.main(["--help"])
     out = capsys.readouterr().out
-    assert e.value.code == 0 and "python claims.py --out_dir=" in out and "--slack" in out
+    assert e.value.code == 0 and "python -m lab.claims --out_dir=" in out and "--slack" in out

@@ -5,8 +5,9 @@ Each probe works on a copy of the smoke run (the `run` fixture), through train.m
 import errno, os, shutil, subprocess, sys, uuid
 import pytest
 import torch
-import stages, store, train
-from errors import RunError
+import train
+from machinery import records, stages, store
+from machinery.errors import RunError
 from test_state import SMOKE, copy_run, hashes, numbers, refused
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -16,13 +17,13 @@ def no_time(rows):
     return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
 
 
-def records(out):
+def read_records(out):
     return store.load_json(os.path.join(out, "stages.json"))
 
 
 def edit_records(out, change):
     """stages.json as `change(records)` leaves it (change edits in place)."""
-    recs = records(out)
+    recs = read_records(out)
     change(recs)
     store.save_json(os.path.join(out, "stages.json"), recs)
 
@@ -137,7 +138,7 @@ def test_a_read_only_folder_is_one_line_for_every_command_and_sample_still_reads
 def test_stages_json_that_is_not_records_is_no_records(tmp_path, content):
     (tmp_path / "stages.json").write_text(content)
     notes = []
-    assert store.load_records(str(tmp_path), notes) == {} and len(notes) == 1 and "every stage" in notes[0]
+    assert records.load_records(str(tmp_path), notes) == {} and len(notes) == 1 and "every stage" in notes[0]
     assert (tmp_path / "stages.json").read_text() == content          # nothing deleted while reading
 
 
@@ -242,10 +243,13 @@ def test_a_world_that_does_not_fit_is_refused_before_anything_is_removed(run, tm
 
 @pytest.mark.parametrize("stage", ["sample", "inspect"])
 def test_a_read_only_stage_makes_nothing_in_a_folder_without_a_run(tmp_path, capsys, stage):
+    from lab import inspect_page
     empty, missing = tmp_path / "empty", tmp_path / "missing"
     empty.mkdir()
+    main, flags, what = (train.main, ["--stage=sample"], "stage sample") if stage == "sample" else \
+        (inspect_page.main, [], "the inspect page")
     for out in (empty, missing):
-        assert f"stage {stage} needs" in refused(SMOKE + [f"--out_dir={out}", f"--stage={stage}"], capsys)
+        assert f"{what} needs" in refused(SMOKE + [f"--out_dir={out}", *flags], capsys, main)
     assert not os.listdir(empty) and not missing.exists()
 
 
@@ -280,7 +284,7 @@ def test_killed_in_the_final_evaluation_the_rerun_makes_every_output(run, tmp_pa
     train.main(SMOKE + [f"--out_dir={out}", *flags])
     cfg = train.parse(SMOKE + [f"--out_dir={out}", *flags])
     expected = stages.files(cfg, stages.BY_NAME["ppo"].outputs)
-    assert sorted(records(out)["ppo"]["outputs"]) == sorted(expected)
+    assert sorted(read_records(out)["ppo"]["outputs"]) == sorted(expected)
     assert all(os.path.exists(os.path.join(out, n)) for n in expected)
     rows = [store.load_json(os.path.join(d, "metrics.jsonl"), lines=True) for d in (out, whole)]
     assert no_time(rows[0]) == no_time(rows[1])
@@ -291,7 +295,7 @@ def test_killed_in_the_final_evaluation_the_rerun_makes_every_output(run, tmp_pa
 def test_a_stage_that_does_not_make_an_output_is_not_finished(tmp_path):
     (tmp_path / "a").write_text("x")
     with pytest.raises(RunError, match="b was not made"):
-        store.make_record(str(tmp_path), {}, [], ["a", "b"])
+        records.make_record(str(tmp_path), {}, [], ["a", "b"])
 
 
 # ---- progress shows through a pipe ----
@@ -317,6 +321,6 @@ def test_ppo_s_log_lines_reach_a_pipe_as_they_are_printed(run, tmp_path):
 @pytest.mark.parametrize("content", ["[]", "null", '{"config": {}}', '{"config": 1, "inputs": {}, "outputs": {}}'])
 def test_an_ablation_run_with_a_damaged_run_json_is_not_finished(tmp_path, content):
     """ablate.py asks this of every run folder: a damaged run.json means the run is done again, no traceback."""
-    import ablate
+    from lab import ablate
     (tmp_path / ablate.RECORD).write_text(content)
     assert ablate.finished(str(tmp_path), {"config": {}, "inputs": {}, "defaults": {}}) is False

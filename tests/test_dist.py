@@ -10,15 +10,16 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-import data, dist, optim, ppo, stages, store, train
-from config import override
-from pretrain import PretrainConfig
+import data, ppo, train
+from machinery import dist, optim, records, stages, store
+from machinery.config import override
+from machinery.pretrain import PretrainConfig
 from conftest import recording_controller
-from errors import RunError
+from machinery.errors import RunError
 from kl import KLConfig
 from model import GPT, GPTConfig
-from optim import adamw, StepGuard
-from precision import autocast
+from machinery.optim import adamw, StepGuard
+from machinery.precision import autocast
 from sequences import pad_left
 from ref import Reference
 from reward import ScalarModel
@@ -226,8 +227,8 @@ def test_torchrun_runs_every_stage_and_writes_what_one_process_writes(run, tmp_p
     assert set(os.listdir(out)) <= known                                   # nothing else (no rank 1 files)
     assert set(os.listdir(out)) == known & set(os.listdir(run))            # what the single-process smoke run made
     assert p.stdout.count("---- stage world ----") == 1                   # rank 0 alone prints
-    records = store.load_json(os.path.join(out, "stages.json"))
-    assert all(store.outputs_intact(out, records[st.name]) for st in stages.STAGES)
+    recs = store.load_json(os.path.join(out, "stages.json"))
+    assert all(records.outputs_intact(out, recs[st.name]) for st in stages.STAGES)
     rows = store.load_json(os.path.join(out, "metrics.jsonl"), lines=True)
     assert len(rows) == 2 and rows[0]["objective/kl"] == 0 and rows[1]["objective/kl"] > 0
     assert all(r["policy/ratio_dev_first"] < 1e-5 for r in rows)           # old log-probs: each rank's own policy
@@ -259,7 +260,7 @@ def test_torchrun_with_a_bad_flag_prints_one_line_from_rank_0(tmp_path):
 
 
 def test_a_rank_other_than_0_waits_silent_then_speaks_if_rank_0_does_not_stop(monkeypatch, capsys):
-    import errors
+    from machinery import errors
     waits = []
     monkeypatch.setattr(errors.time, "sleep", waits.append)             # rank 0 never stopped it
     monkeypatch.setenv("RANK", "1")

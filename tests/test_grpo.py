@@ -4,16 +4,18 @@ import copy, itertools, math, os, statistics
 from types import SimpleNamespace
 import pytest
 import torch
-from errors import RunError
-from evaluate import best_of_k, expected_best, pass_at_k
+from machinery.errors import RunError
+from machinery.evaluate import best_of_k, expected_best, pass_at_k
 from kl import KLConfig
 from model import GPT, GPTConfig
-from optim import StepGuard
+from machinery.optim import StepGuard
 from sequences import pad_left
 from ref import Reference
 from reward import ScalarModel
 from tokenizer import make_encoding
-import data, grpo, optim, ppo, store, train
+import data, ppo, train
+from machinery import optim, store
+from options import grpo
 from tests.test_dist import Letters                  # a stand-in tokenizer: letters a.. as ids 1.., end-of-text 0
 
 EOS = 3

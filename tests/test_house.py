@@ -1,26 +1,53 @@
-"""How the files stand on each other: imports only go down (no circle, counting imports inside functions), the
-ground files import nothing of the pipeline, and TRL's world stays in bench_trl.py."""
+"""How the files stand on each other: the root is the card (at most 12 .py files: the RLHF path and the world),
+the rest lives in machinery/, options/ and lab/; imports only go down (no circle, counting imports inside
+functions); the ground files import nothing of the pipeline; model.py imports only torch; nothing outside lab/
+reaches it, even through another file; and TRL's world stays in lab/bench_trl.py."""
 import ast, glob, os
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-GROUND = {"errors": set(), "config": {"errors"}, "store": {"errors"}, "dist": {"errors"}}   # may import only these
+FOLDERS = ("machinery", "options", "lab")
+# May import only these.
+GROUND = {"machinery.errors": set(), "machinery.config": {"machinery.errors"},
+          "machinery.store": {"machinery.errors"}, "machinery.dist": {"machinery.errors"}}
+MAX_ROOT_FILES = 12
+
+
+def module_of(path):
+    rel = os.path.relpath(path, ROOT)[:-3]
+    return rel.replace(os.sep, ".").removesuffix(".__init__")
 
 
 def sources():
-    """{module name: source} of every top-level .py file (the project; tests are not part of the house)."""
-    return {os.path.basename(f)[:-3]: open(f).read() for f in sorted(glob.glob(os.path.join(ROOT, "*.py")))}
+    """{module name: source} of every .py file of the project: the root's and its folders' (the tests are not
+    part of the house)."""
+    paths = glob.glob(os.path.join(ROOT, "*.py"))
+    paths += [p for f in FOLDERS for p in glob.glob(os.path.join(ROOT, f, "*.py"))]
+    return {module_of(p): open(p).read() for p in sorted(paths)}
+
+
+def resolve(name, project):
+    """The project module a dotted import name reaches ("machinery.store.save_json" -> "machinery.store"), or
+    None."""
+    while name and name not in project:
+        name = name.rpartition(".")[0]
+    return name or None
 
 
 def imports(src, project):
-    """The project modules `src` imports, at any depth: module level, inside functions, under if __name__."""
+    """The project modules `src` imports, at any depth: module level, inside functions, under if __name__.
+    `from machinery import store` imports machinery.store (and the package)."""
     out = set()
     for node in ast.walk(ast.parse(src)):
         if isinstance(node, ast.Import):
-            out |= {a.name.split(".")[0] for a in node.names}
+            names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            out.add(node.module.split(".")[0])
-    return out & set(project)
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        else:
+            continue
+        out |= {resolve(n, project) for n in names}
+    # A package's own __init__ is a docstring: importing a module of it is importing that module.
+    return {m for m in out if m and m not in FOLDERS}
 
 
 def find_circle(graph):
@@ -51,6 +78,17 @@ def graph_of(srcs):
     return {m: imports(s, srcs) - {m} for m, s in srcs.items()}
 
 
+def reached(graph, start):
+    """Every module `start` imports, directly or through others."""
+    seen, todo = set(), [start]
+    while todo:
+        for n in graph[todo.pop()]:
+            if n not in seen:
+                seen.add(n)
+                todo.append(n)
+    return seen
+
+
 def test_the_checker_finds_a_circle_closed_by_an_import_inside_a_function():
     srcs = {"a": "import b\n", "b": "from c import x\n", "c": "def f():\n    import a\n", "d": "import a, os\n"}
     assert find_circle(graph_of(srcs)) == ["a", "b", "c", "a"]
@@ -58,24 +96,57 @@ def test_the_checker_finds_a_circle_closed_by_an_import_inside_a_function():
     assert find_circle(graph_of(srcs)) is None
 
 
+def test_the_checker_reads_imports_from_folders():
+    srcs = {"train": "from machinery import stages\n", "machinery.stages": "from lab.ablate import x\n",
+            "lab.ablate": "def f():\n    import machinery.stages as s\n"}
+    graph = graph_of(srcs)
+    assert graph["train"] == {"machinery.stages"} and graph["machinery.stages"] == {"lab.ablate"}
+    assert find_circle(graph) == ["lab.ablate", "machinery.stages", "lab.ablate"]
+    assert "lab.ablate" in reached(graph, "train")
+
+
 def test_no_circle_of_imports():
     circle = find_circle(graph_of(sources()))
     assert circle is None, "imports go in a circle: " + " -> ".join(circle)
 
 
+def test_the_root_is_the_card():
+    root = sorted(m for m in sources() if "." not in m)
+    assert len(root) <= MAX_ROOT_FILES, f"{len(root)} .py files at the root: {root}"
+    assert {"model", "ref", "kl", "reward", "ppo", "train", "data", "tokenizer"} <= set(root)
+
+
+def test_nothing_outside_the_laboratory_reaches_it():
+    graph = graph_of(sources())
+    lab = {m for m in graph if m.startswith("lab.")}
+    assert {"lab.ablate", "lab.bench", "lab.claims", "lab.seeds"} <= lab
+    bad = {m: sorted(reached(graph, m) & lab) for m in graph if m not in lab}
+    bad = {m: v for m, v in bad.items() if v}
+    assert not bad, f"files outside lab/ that reach it: {bad}"
+
+
 @pytest.mark.parametrize("name", sorted(GROUND))
 def test_the_ground_files_import_nothing_of_the_pipeline(name):
     srcs = sources()
-    assert imports(srcs[name], srcs) <= GROUND[name], f"{name}.py imports {sorted(imports(srcs[name], srcs))}"
+    assert imports(srcs[name], srcs) <= GROUND[name], f"{name} imports {sorted(imports(srcs[name], srcs))}"
+
+
+def test_model_py_imports_only_torch():
+    tree = ast.parse(sources()["model"])
+    names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    names |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert names <= {"torch", "dataclasses", "math"}, names
 
 
 def test_trl_stays_in_bench_trl():
-    """bench_trl.py measures TRL from a scratch venv (its docstring): no file of the project or its tests imports
-    it, and no other file imports trl or transformers, at any depth (tether never depends on them)."""
+    """lab/bench_trl.py measures TRL from a scratch venv (its docstring): no file of the project or its tests
+    imports it, and no other file imports trl or transformers, at any depth (tether never depends on them)."""
     srcs = sources()
     tests = {os.path.basename(f)[:-3]: open(f).read() for f in glob.glob(os.path.join(ROOT, "tests", "*.py"))}
-    outside = {"bench_trl", "trl", "transformers", "tokenizers", "accelerate"}
-    bad = {m: sorted(imports(s, outside)) for m, s in {**srcs, **tests}.items() if m != "bench_trl"}
+    outside = {"lab.bench_trl", "trl", "transformers", "tokenizers", "accelerate", "peft", "datasets",
+               "bitsandbytes"}
+    bad = {m: sorted(imports(s, outside)) for m, s in {**srcs, **tests}.items() if m != "lab.bench_trl"}
     bad = {m: v for m, v in bad.items() if v}
-    assert not bad, f"imports of TRL's world outside bench_trl.py: {bad}"
-    assert imports(srcs["bench_trl"], outside) >= {"trl", "transformers"}     # the check sees what it looks for
+    assert not bad, f"imports of TRL's world outside lab/bench_trl.py: {bad}"
+    # The check sees what it looks for.
+    assert imports(srcs["lab.bench_trl"], outside) >= {"trl", "transformers"}

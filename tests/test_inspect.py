@@ -1,13 +1,15 @@
-"""python train.py --stage=inspect: the page is written, is well-formed self-contained HTML, and every number on it
+"""python -m lab.inspect_page: the page is written, is well-formed self-contained HTML, and every number on it
 is what kl.py gives for the same tokens (recomputed here from the models through the real functions)."""
 import json, math, os, shutil
 from html.parser import HTMLParser
 import torch
-import store, tokenizer, train
+import tokenizer, train
+from lab import inspect_page
+from machinery import store
 from kl import kl_full
 from model import response_logits, token_logprobs
 from sequences import encode_prompts, join_tokens, response_mask
-from state import load_checkpoint
+from machinery.state import load_checkpoint
 from reward import load_scalar_model, response_values, score
 
 VOID = {"meta", "br"}
@@ -37,7 +39,7 @@ class Page(HTMLParser):
 
 
 def test_inspect_page_is_valid_and_its_numbers_are_kl_py_s(run):
-    train.main(["--preset=smoke", f"--out_dir={run}", "--stage=inspect", "--inspect_n=2"])
+    inspect_page.main(["--preset=smoke", f"--out_dir={run}", "--inspect_n=2"])
     text = open(os.path.join(run, "inspect.html"), encoding="utf-8").read()
     for external in ("<script", "http://", "https://", "@font-face", "src=", "@import"):
         assert external not in text                                       # one self-contained file
@@ -82,7 +84,7 @@ def test_inspect_advantages_are_gae_under_the_runs_own_settings(run, tmp_path):
     rec["stamp"]["config"].update(gamma=0.9, lam=0.8)
     rec["kl_coef_final"] = 0.3
     (tmp_path / "ppo.json").write_text(json.dumps(rec))
-    train.main(["--preset=smoke", f"--out_dir={run}", "--stage=inspect", "--inspect_n=2",
+    inspect_page.main(["--preset=smoke", f"--out_dir={run}", "--inspect_n=2",
                 f"--inspect_actor={tmp_path / 'actor.pt'}"])
     page = Page()
     page.feed((tmp_path / "inspect.html").read_text(encoding="utf-8"))

@@ -5,7 +5,8 @@ that varies; the PPO stage at smoke size runs, and a kill and resume ends as the
 import os
 import pytest
 import torch
-import ppo, store
+import ppo
+from machinery import store
 from kl import KLConfig
 from test_anchors import ppo_run, stopped_at_3_and_resumed
 from test_ppo import EOS, tiny, update

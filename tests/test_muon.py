@@ -6,9 +6,9 @@ Checkpoint and resume of a Muon pretraining: tests/test_pretrain_optim.py."""
 import pytest
 import torch
 
-import optim
+from machinery import optim
 from model import GPT, GPTConfig
-from pretrain import PretrainConfig
+from machinery.pretrain import PretrainConfig
 
 # Tall, wide and square, as the blocks' matrices are (fc 128x512, proj 512x128, attention 128x128).
 SHAPES = [(24, 72), (72, 24), (40, 40)]

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-import overopt, tables, store
+from lab import overopt, tables
+from machinery import store
 from tests.test_ref import state_after
 from tests.test_train import no_time, ppo_run
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 from model import GPT, GPTConfig, response_logits, token_logprobs
-from optim import StepGuard
+from machinery.optim import StepGuard
 from sequences import pad_left, response_mask
 from reward import ScalarModel, response_values
 from ref import Reference
@@ -261,7 +261,7 @@ def test_k3_after_end_of_text_makes_no_nan_and_skips_no_step():
         for r in (resp, planted):
             batch, info = ppo.make_experience(actor, critic, ref, ref, rm, q, qm, r, EOS, 0.3, k, cfg, T)
             assert all(torch.isfinite(x).all() for x in [*batch.values(), *info.values()]
-                       if x is not None and x.is_floating_point())
+                       if torch.is_tensor(x) and x.is_floating_point())
             a, c = copy.deepcopy(actor), copy.deepcopy(critic)
             opts = tuple(torch.optim.AdamW(m.parameters(), lr=1e-3, weight_decay=0.0) for m in (a, c))
             guards = (StepGuard("a"), StepGuard("c"))
@@ -280,7 +280,7 @@ def test_a_non_finite_loss_skips_the_step_and_several_stop_the_run():
     assert not guard.backward_and_step(model(torch.tensor([[float("nan"), 1.0]])).sum(), opt, list(model.parameters()), 1.0)
     assert guard.skipped == 1 and all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
     assert guard.backward_and_step(model(torch.ones(1, 2)).sum(), opt, list(model.parameters()), 1.0)
-    from errors import RunError
+    from machinery.errors import RunError
     with pytest.raises(RunError, match="diverged"):
         for _ in range(10):
             guard.backward_and_step(torch.tensor(float("inf"), requires_grad=True), opt, list(model.parameters()), 1.0)

@@ -6,14 +6,16 @@ from types import SimpleNamespace
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-import anchors, optim, ppo
-from precision import auto_dtype
+import ppo
+from machinery import optim
+from options import anchors
+from machinery.precision import auto_dtype
 from kl import KLConfig
 from model import GPT, GPTConfig, response_logits
-from optim import StepGuard
-from precision import autocast, cast_once
+from machinery.optim import StepGuard
+from machinery.precision import autocast, cast_once
 from sequences import pad_left
-from cheap_ref import make_reference, RefConfig
+from options.cheap_ref import make_reference, RefConfig
 from ref import Reference
 from reward import ScalarModel, response_values
 
@@ -144,7 +146,7 @@ def test_the_reference_s_bf16_copy_gives_autocast_s_own_numbers_bit_for_bit(kind
     of the reference's own fp32 weights, which autocast casts at every forward. After the weights change in place
     (mix: a sync anchor; load_state_dict: a rollback or a resume) the copy is remade from the new ones."""
     actor, _, _, q, qm, resp = models()
-    _, ref = make_reference(copy.deepcopy(actor), copy.deepcopy(actor), RefConfig(ref=kind))
+    _, ref = make_reference(copy.deepcopy(actor), Reference(actor), RefConfig(ref=kind))
     plain = ref.logits(q, qm, resp, 0.7)
     assert ref.cast is None and torch.equal(plain, response_logits(ref.model, q, qm, resp, 0.7))   # fp32: no copy
     torch.manual_seed(1)
@@ -152,7 +154,7 @@ def test_the_reference_s_bf16_copy_gives_autocast_s_own_numbers_bit_for_bit(kind
     with torch.no_grad():
         for p in moved.parameters():
             p.add_(0.05 * torch.randn_like(p))
-    other = make_reference(copy.deepcopy(moved), copy.deepcopy(moved), RefConfig(ref=kind))[1].model.state_dict()
+    other = make_reference(copy.deepcopy(moved), Reference(moved), RefConfig(ref=kind))[1].model.state_dict()
     lins = [(n, m) for n, m in ref.model.named_modules() if isinstance(m, torch.nn.Linear)]   # int8: lm_head alone
     for change in (lambda: None, lambda: anchors.mix(ref, moved, 0.5), lambda: ref.model.load_state_dict(other)):
         change()
@@ -173,7 +175,8 @@ def test_bf16_ppo_starts_exactly_at_the_reference_with_ratio_one(run, tmp_path):
     """train_ppo at smoke size under --dtype=bf16 (inside the stage's autocast, as train.py runs it): the first
     rollout is exactly 0 nats from the reference (the actor's weights cast by autocast, the reference's copy cast
     once) and the first minibatch of every update has ratio exactly 1."""
-    import stages, tokenizer, train, data
+    import tokenizer, train, data
+    from machinery import stages
     cfg = train.parse(["--preset=smoke", f"--out_dir={run}", "--dtype=bf16", "--ppo_iters=2"])
     stages.seed_everything(cfg.run.seed)
     with autocast(cfg.run.device, cfg.run.dtype):
@@ -191,7 +194,8 @@ def test_bf16_ppo_starts_exactly_at_the_reference_with_ratio_one(run, tmp_path):
                                               ({"avx2": True, "avx512_f": True}, False, "fp32")])
 def test_auto_picks_bf16_where_it_is_native_and_is_resolved_before_anything_is_stamped(caps, cuda, want, run,
                                                                                        monkeypatch):
-    import stages, train
+    import train
+    from machinery import stages
     monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: caps)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: cuda or including_emulation)
     assert auto_dtype("cpu")[0] == want and auto_dtype("cuda")[0] == ("bf16" if cuda else "fp32")
@@ -219,7 +223,9 @@ def test_a_stage_says_which_dtype_ran_and_auto_reuses_or_refuses_by_what_it_reso
 def test_an_ablation_run_and_its_baseline_run_in_the_precision_their_records_name(run, tmp_path, monkeypatch):
     """ablate.py calls the PPO stage's code outside train.py's loop: --dtype=bf16 must still reach it (its stamp says
     bf16), and the pretrained baseline it is compared with is scored in the same precision."""
-    import ablate, stages, train
+    import train
+    from lab import ablate
+    from machinery import stages
     seen = []
 
     def stop(*args, **kw):                                    # what the precision is where the work would start

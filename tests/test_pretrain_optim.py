@@ -8,12 +8,13 @@ import pytest
 import torch
 import torch.nn as nn
 
-import optim, stages, store, train
-from config import override
-import pretrain as pretrain_loop
-from pretrain import PretrainConfig
+import train
+from machinery import optim, stages, store
+from machinery.config import override
+from machinery import pretrain as pretrain_loop
+from machinery.pretrain import PretrainConfig
 from model import GPT, GPTConfig
-from optim import Optimizers
+from machinery.optim import Optimizers
 
 SMOKE = ["--preset=smoke", "--max_iters=60", "--eval_interval=15", "--warmup_iters=8", "--muon_lr=0.03",
          "--muon_momentum=0.9"]
@@ -155,7 +156,7 @@ def test_a_pretrain_stage_made_under_other_optimizer_flags_is_refused(world, tmp
 def test_bench_bar_runs_the_pretrain_stage_of_train_py_for_each_run_of_the_grid(world, tmp_path, monkeypatch, capsys):
     """Each row is what `train.py --stage=pretrain` with that optimizer, lr and max_iters writes, on a copy of the
     world; the bar judges each at its end; a second call reuses the finished runs."""
-    import bench
+    from lab import bench
     base = world_copy(world, tmp_path / "main")
     flags = ["--preset=smoke", "--n_samples=2", "--eval_iters=1", "--warmup_iters=1", f"--out_dir={base}"]
     res = bench.main(["--bar=adamw:3e-3:3;muon:0.05:2,3"] + flags)

@@ -4,7 +4,7 @@ import importlib.util, os, shutil, subprocess
 
 import pytest
 
-import provenance
+from machinery import provenance
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -35,9 +35,10 @@ def test_durations_read_as_a_person_writes_them():
 def copy_into(folder):
     """provenance.py and what it imports, loaded from `folder` (its commit is that folder's)."""
     os.makedirs(folder, exist_ok=True)
-    for name in ("provenance.py", "precision.py"):
+    os.makedirs(os.path.join(folder, "machinery"), exist_ok=True)
+    for name in ("machinery/provenance.py", "machinery/precision.py"):
         shutil.copy(os.path.join(HERE, name), os.path.join(folder, name))
-    where = os.path.join(folder, "provenance.py")
+    where = os.path.join(folder, "machinery", "provenance.py")
     spec = importlib.util.spec_from_file_location("provenance_copy", where)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -62,7 +63,7 @@ def test_the_commit_is_heads_and_an_edit_to_a_tracked_file_is_marked(tmp_path):
     # An untracked file is not the code that ran; an edited tracked file is.
     open(os.path.join(repo, "notes.txt"), "w").write("x")
     assert module.commit() == (head, False)
-    with open(os.path.join(repo, "precision.py"), "a") as f:
+    with open(os.path.join(repo, "machinery", "precision.py"), "a") as f:
         f.write("\n# edited\n")
     assert module.commit() == (head, True)
     line = module.line(module.stamp(75.0))

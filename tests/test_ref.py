@@ -6,14 +6,16 @@ with the actor, the undone rollout's KL logged, a spin stopped after rollback_ma
 import copy, os, statistics
 import pytest
 import torch
-import data, ppo, store, tokenizer, train
-import anchors, cheap_ref, optim, rollback
-from ref import Reference
+import data, ppo, tokenizer, train
+from machinery import store
+from machinery import optim
+from options import anchors, cheap_ref, rollback
+from ref import Reference, load_reference
 from model import response_logits
 from sequences import encode_prompts
-from state import load_checkpoint
+from machinery.state import load_checkpoint
 from kl import FixedKLController, kl_full
-from errors import RunError
+from machinery.errors import RunError
 from tests.test_dist import Letters, models
 from tests.test_train import ppo_run, read
 
@@ -76,7 +78,7 @@ def cfg_for(kind, *flags):
 def test_cheap_reference_logits_are_close_to_the_full_ones_on_real_samples(run, kind, tol, kl_tol):
     pre, ref_model, q, qm, resp = real_batch(run)
     full = response_logits(pre, q, qm, resp, 0.7)                                          # (B, R, V)
-    actor, ref = cheap_ref.make_reference(pre, ref_model, cfg_for(kind, "--quant_block=32"))
+    actor, ref = cheap_ref.make_reference(pre, Reference(ref_model), cfg_for(kind, "--quant_block=32"))
     assert actor is pre and not ref.exact
     cheap = ref.logits(q, qm, resp, 0.7)
     assert cheap.dtype == torch.float32                              # the KL is taken in fp32
@@ -104,8 +106,8 @@ def test_bytes_held_by_each_reference_by_hand(run):
                   nf4=4 * (n - n_lin) + n_lin // 2 + 4 * n_lin // 64 + 4 * 16 * len(lin), lora=0, shared_1=4 * top)
     train_n = dict(lora=lora, shared_1=top)
     for kind, b in expect.items():
-        actor, r = cheap_ref.make_reference(copy.deepcopy(pre), load_checkpoint(os.path.join(run, "ref.pt"))[0],
-                                       cfg_for(kind))
+        actor, r = cheap_ref.make_reference(copy.deepcopy(pre), load_reference(os.path.join(run, "ref.pt"), "cpu"),
+                                            cfg_for(kind))
         mem = cheap_ref.memory_bytes(actor, r)
         assert mem["ref"] == b, kind
         assert mem["trainable"] == 16 * train_n.get(kind, n), kind
@@ -205,10 +207,10 @@ def excursion(run, tmp_path_factory):
     good = state_after(run, out / "good", 1, *FLAGS)                 # the state iteration 2 started from
     restored, restore = [], rollback.Rollback.restore
 
-    def recording(self, actor, critic, opts, kl_ctl, anchor=None):
-        out = restore(self, actor, critic, opts, kl_ctl, anchor)
-        restored.append(copy.deepcopy((actor.state_dict(), critic.state_dict(), [o.state_dict() for o in opts],
-                                       kl_ctl.value)))
+    def recording(self):
+        out = restore(self)
+        restored.append(copy.deepcopy((self.actor.state_dict(), self.critic.state_dict(),
+                                       [o.state_dict() for o in self.opts], self.kl_ctl.value)))
         return out
     with pytest.MonkeyPatch.context() as m:
         m.setattr(rollback.Rollback, "restore", recording)
@@ -237,13 +239,13 @@ def test_restores_in_a_row_to_one_state_keep_raising_beta():
     actor, critic = torch.nn.Linear(2, 2), torch.nn.Linear(2, 1)
     opts = [torch.optim.AdamW(actor.parameters()), torch.optim.AdamW(critic.parameters())]
     kl_ctl = FixedKLController(0.01)
-    rb = rollback.Rollback(rollback.RollbackConfig(rollback_beta_factor=2.0))
     anchor = anchors.Anchor(None, anchors.AnchorConfig())
-    rb.keep_if_under(0.0, actor, critic, opts, kl_ctl, anchor)
+    rb = rollback.Rollback(rollback.RollbackConfig(rollback_beta_factor=2.0), (actor, critic, opts, kl_ctl, anchor))
+    rb.keep_if_under(0.0)
     betas = []
     for _ in range(3):
         kl_ctl.value = 0.5                                           # whatever the controller did since
-        rb.restore(actor, critic, opts, kl_ctl, anchor)
+        rb.restore()
         betas.append(kl_ctl.value)
     assert betas == pytest.approx([0.02, 0.04, 0.08]) and rb.count == 3
 

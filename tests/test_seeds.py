@@ -6,7 +6,8 @@ import os, shutil
 
 import pytest
 
-import seeds, store
+from lab import seeds
+from machinery import store
 
 
 def test_another_seed_reseeds_the_world_and_the_table_is_the_runs(run, tmp_path, capsys):
@@ -53,5 +54,5 @@ def test_help_prints_seeds_own_docstring_and_exits_0(capsys):
     with pytest.raises(SystemExit) as e:
         seeds.main(["--help"])
     out = capsys.readouterr().out
-    assert e.value.code == 0 and "python seeds.py --seeds=" in out
+    assert e.value.code == 0 and "python -m lab.seeds --seeds=" in out
     assert "every stage of RLHF" not in out

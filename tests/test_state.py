@@ -3,8 +3,10 @@ Each probe works on a copy of the smoke run (the `run` fixture), through train.m
 import os, shutil, signal, subprocess, sys, threading
 import pytest
 import torch
-import stages, store, train
-from errors import RunError
+import train
+from lab import inspect_page
+from machinery import stages, store
+from machinery.errors import RunError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMOKE = ["--preset=smoke"]
@@ -22,10 +24,10 @@ def hashes(out):
             if f != ".lock"}
 
 
-def refused(argv, capsys, code=2):
-    """train.main must stop with `code` and one line on stderr; returns that line."""
+def refused(argv, capsys, main=None, code=2):
+    """main (train.main) must stop with `code` and one line on stderr; returns that line."""
     with pytest.raises(SystemExit) as e:
-        train.main(argv)
+        (main or train.main)(argv)
     err = capsys.readouterr().err.strip()
     assert e.value.code == code and len(err.splitlines()) == 1, err
     return err
@@ -267,7 +269,7 @@ def test_sample_and_inspect_leave_config_json_and_the_records_alone(run, tmp_pat
     before = hashes(out)
     train.main(SMOKE + [f"--out_dir={out}", "--stage=sample", "--n_layer=3", "--temperature=0.7"])
     assert hashes(out) == before
-    train.main(SMOKE + [f"--out_dir={out}", "--stage=inspect", "--n_layer=3", "--inspect_n=1"])
+    inspect_page.main(SMOKE + [f"--out_dir={out}", "--n_layer=3", "--inspect_n=1"])
     after = hashes(out)
     assert after.pop(os.path.join(out, "inspect.html")) and after == before
     assert store.load_json(os.path.join(out, "config.json"))["gpt"]["n_layer"] == 2
@@ -278,8 +280,8 @@ def test_read_only_stages_refuse_another_tokenizer_than_the_world_s(run, tmp_pat
     monkeypatch.setattr(tokenizer, "gpt2_missing", lambda: None)        # as where tiktoken's gpt2 is cached
     out = copy_run(run, tmp_path)
     before = hashes(out)
-    for stage in ("sample", "inspect"):
-        err = refused(SMOKE + [f"--out_dir={out}", f"--stage={stage}", "--tokenizer=gpt2"], capsys)
+    for main, flags in ((train.main, ["--stage=sample"]), (inspect_page.main, [])):
+        err = refused(SMOKE + [f"--out_dir={out}", *flags, "--tokenizer=gpt2"], capsys, main)
         assert "--tokenizer=bpe, now --tokenizer=gpt2" in err
     assert hashes(out) == before
 
@@ -297,7 +299,7 @@ def test_inspect_refuses_an_actor_trained_from_other_models(run, tmp_path, capsy
     shutil.copy(os.path.join(out, src), os.path.join(out, changed))
     before = hashes(str(tmp_path))
     for extra in ([], [f"--inspect_actor={other / 'actor.pt'}"]):
-        err = refused(SMOKE + [f"--out_dir={out}", "--stage=inspect", *extra], capsys)
+        err = refused(SMOKE + [f"--out_dir={out}", *extra], capsys, inspect_page.main)
         assert f"another {changed}" in err
     assert hashes(str(tmp_path)) == before
 
@@ -306,7 +308,7 @@ def test_inspect_refuses_an_actor_the_ppo_stage_did_not_make(run, tmp_path, caps
     out = copy_run(run, tmp_path)
     store.remove(os.path.join(out, "inspect.html"))                     # test_inspect.py may have made one
     shutil.copy(os.path.join(out, "pretrain.pt"), os.path.join(out, "actor.pt"))   # copied in by hand
-    assert "not the actor the ppo stage made" in refused(SMOKE + [f"--out_dir={out}", "--stage=inspect"], capsys)
+    assert "not the actor the ppo stage made" in refused(SMOKE + [f"--out_dir={out}"], capsys, inspect_page.main)
     assert not os.path.exists(os.path.join(out, "inspect.html"))
 
 

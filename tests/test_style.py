@@ -1,13 +1,13 @@
-"""Code as plain as nanoGPT's: the rules every top-level .py file of the project keeps.
+"""Code as plain as nanoGPT's: the rules every .py file of the project keeps.
 
 Each rule is a plain function taking a file's source text and returning a list of (line, message),
-empty when the text keeps the rule. The tests run every rule on every top-level file (tests/ is
+empty when the text keeps the rule. The tests run every rule on every file of the project (tests/ is
 not checked), and first run every rule on planted snippets, so that no rule's test can pass by
 never finding anything.
 
     python tests/test_style.py [FILE ...]
 
-prints every violation of the given files (default: all top-level .py files) and a count per file.
+prints every violation of the given files (default: all of the project's .py files) and a count per file.
 """
 import ast
 import glob
@@ -150,8 +150,12 @@ def problems(src):
 
 
 def project_files():
-    """Every top-level .py file of the project (the tests are not checked)."""
-    return sorted(glob.glob(os.path.join(ROOT, "*.py")))
+    """Every .py file of the project: the root's and those of its folders (the tests are not
+    checked)."""
+    paths = glob.glob(os.path.join(ROOT, "*.py"))
+    for folder in ("machinery", "options", "lab"):
+        paths += glob.glob(os.path.join(ROOT, folder, "*.py"))
+    return sorted(paths)
 
 
 def read(path):
@@ -271,13 +275,14 @@ def test_the_report_lists_twenty_lines_then_a_count():
 
 
 def test_the_project_has_files_to_check():
-    names = [os.path.basename(p) for p in project_files()]
-    assert "train.py" in names and not any(n.startswith("test_") for n in names)
+    names = [os.path.relpath(p, ROOT) for p in project_files()]
+    assert "train.py" in names and not any("test_" in n for n in names)
+    assert os.path.join("machinery", "stages.py") in names and os.path.join("lab", "ablate.py") in names
 
 
-# ---- the rules on every top-level file of the project
+# ---- the rules on every file of the project
 
-FILES = [os.path.basename(p) for p in project_files()]
+FILES = [os.path.relpath(p, ROOT) for p in project_files()]
 
 
 def check(rule, name):

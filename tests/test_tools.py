@@ -2,7 +2,8 @@
 any work; and bench_trl.py's help needs no trl."""
 import importlib.util, os, shutil, subprocess, sys
 import pytest
-import bench, train
+import train
+from lab import bench
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUN_FILES = ["pretrain.pt", "ref.pt", "reward.pt", "tokenizer.bpe", "prompts.json"]
@@ -66,12 +67,12 @@ def test_a_flag_given_twice_is_refused(argv, flag, tmp_path, capsys):
 
 
 def test_bench_trl_help_needs_no_trl():
-    p = subprocess.run([sys.executable, "bench_trl.py", "--help"], cwd=ROOT, capture_output=True,
+    p = subprocess.run([sys.executable, "-m", "lab.bench_trl", "--help"], cwd=ROOT, capture_output=True,
                        text=True, timeout=60)
     assert p.returncode == 0 and p.stderr == ""
     assert p.stdout.startswith("tether's PPO iteration beside TRL's")
     # Without trl (the project's venv) a run is still one line, as before.
     if importlib.util.find_spec("trl") is None:
-        p = subprocess.run([sys.executable, "bench_trl.py"], cwd=ROOT, capture_output=True,
+        p = subprocess.run([sys.executable, "-m", "lab.bench_trl"], cwd=ROOT, capture_output=True,
                            text=True, timeout=60)
         assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr

@@ -3,7 +3,8 @@
 import copy, json, math, os, shutil, signal, statistics, subprocess, sys, time
 import pytest
 import torch
-import stages, store, train
+import train
+from machinery import records, stages, store
 from conftest import recording_controller
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -26,9 +27,9 @@ def no_time(rows):
 
 
 def test_every_stage_wrote_its_output_and_its_record(run):
-    records = read(run, "stages.json")
+    recs = read(run, "stages.json")
     for st in stages.STAGES:
-        assert store.outputs_intact(run, records[st.name]), st.name
+        assert records.outputs_intact(run, recs[st.name]), st.name
     assert read(run, "config.json")["gpt"]["n_layer"] == 2 and not os.path.exists(os.path.join(run, "ppo_state.pt"))
 
 
@@ -238,7 +239,7 @@ def test_gpt2_without_tiktoken_s_cache_is_refused_before_the_world_is_made(tmp_p
 
 
 def test_ablate_and_bench_refuse_an_out_dir_that_is_a_file(tmp_path, capsys):
-    import ablate, bench
+    from lab import ablate, bench
     f = tmp_path / "f"
     f.write_text("x")
     assert "is a file" in refused_here(ablate.main, ["--preset=smoke", "--seeds=1", f"--out_dir={f}"], capsys)
@@ -252,7 +253,7 @@ def test_an_fp16_reference_under_bf16_autocast_runs_ppo(run, tmp_path):
     """--ref=fp16 --dtype=bf16: the PPO stage as train.py runs it (inside bf16 autocast). The fp16 copy computes in
     fp16 (no mixed-dtype LayerNorm); its step-0 KL is small but not 0, and the final KL (to the full ref.pt weights,
     run under the same bf16 autocast as the actor) is finite."""
-    from precision import autocast
+    from machinery.precision import autocast
     cfg = train.parse(["--preset=smoke", f"--out_dir={run}", "--dtype=bf16", "--ref=fp16", "--ppo_iters=1"])
     stages.seed_everything(cfg.run.seed)
     with autocast(cfg.run.device, cfg.run.dtype):
@@ -264,15 +265,16 @@ def test_a_half_precision_reference_computes_in_its_own_precision_under_bf16_aut
     """Reference.logits (what PPO, the evaluation and the inspect page call) of an fp16 or bf16 copy inside bf16
     autocast (--dtype=bf16) gives the numbers the same copy gives outside it (--dtype=fp32), bit for bit."""
     from model import GPT, GPTConfig
-    from precision import autocast
+    from machinery.precision import autocast
     from sequences import pad_left
-    from cheap_ref import make_reference, RefConfig
+    from options.cheap_ref import make_reference, RefConfig
+    from ref import Reference
     torch.manual_seed(0)
     m = GPT(GPTConfig(block_size=24, vocab_size=50, n_layer=2, n_head=2, n_embd=32)).eval()
     q, qm = pad_left([[1, 2, 3], [4]], 0)                                 # left-padded, different lengths
     resp = torch.tensor([[5, 6, 7], [8, 9, 0]])
     for kind in ("fp16", "bf16"):
-        _, ref = make_reference(m, copy.deepcopy(m), RefConfig(ref=kind))
+        _, ref = make_reference(m, Reference(m), RefConfig(ref=kind))
         plain = ref.logits(q, qm, resp, 0.7)                              # (2, 3, 50)
         with autocast("cpu", "bf16"):
             inside = ref.logits(q, qm, resp, 0.7)

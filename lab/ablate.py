@@ -1,25 +1,25 @@
 """What the reference model buys, measured: the PPO stage re-run under each condition, several
 seeds each.
 
-    python ablate.py                     # the core suite x 3 seeds at the main run's budget
-                                         # -> out/ablate/
-    python ablate.py --suite=estimators  # a suite: core, estimators, reference, beta, anchors,
-                                         # or all (SUITES)
-    python ablate.py --quick             # one seed, short runs (32 x 12 sequences): about 2 minutes
-                                         # -> out/ablate_quick/
-    python ablate.py --conditions=no_kl,adaptive --seeds=5 --ppo_iters=80
-                                         # any train.py flag passes through
-    python ablate.py --subdir=ablate_short --rollout_batch=32 --ppo_iters=40
-                                         # results into out/ablate_short/
-    python ablate.py --jobs=1            # runs one after another, in this process
-                                         # (default: 2 processes, 1 thread each)
-    python ablate.py --suite=cheap       # cheaper references and the KL rollback
-                                         # -> also out/ablate/results_ref.md
-    python ablate.py --suite=overopt     # is the penalty more than early stopping? 120
-                                         # iterations, held-out evaluation every 10, best-of-n
-                                         # -> out/ablate_overopt/ (overopt.md, .json, .png)
-    python ablate.py --fresh             # this command's runs again from the start
-                                         # (never the main run: train.py's)
+    python -m lab.ablate                     # the core suite x 3 seeds at the main run's budget
+                                             # -> out/ablate/
+    python -m lab.ablate --suite=estimators  # a suite: core, estimators, reference, beta, anchors,
+                                             # or all (SUITES)
+    python -m lab.ablate --quick             # one seed, short runs (32 x 12 sequences): about 2
+                                             # minutes -> out/ablate_quick/
+    python -m lab.ablate --conditions=no_kl,adaptive --seeds=5 --ppo_iters=80
+                                             # any train.py flag passes through
+    python -m lab.ablate --subdir=ablate_short --rollout_batch=32 --ppo_iters=40
+                                             # results into out/ablate_short/
+    python -m lab.ablate --jobs=1            # runs one after another, in this process
+                                             # (default: 2 processes, 1 thread each)
+    python -m lab.ablate --suite=cheap       # cheaper references and the KL rollback
+                                             # -> also out/ablate/results_ref.md
+    python -m lab.ablate --suite=overopt     # is the penalty more than early stopping? 120
+                                             # iterations, held-out evaluation every 10, best-of-n
+                                             # -> out/ablate_overopt/ (overopt.md, .json, .png)
+    python -m lab.ablate --fresh             # this command's runs again from the start
+                                             # (never the main run: train.py's)
 
 results.md gives each column's mean with a 95 % bootstrap interval over seeds, then each condition
 minus `adaptive` (or the suite's first condition) paired over seeds; an interval that holds 0 is
@@ -49,15 +49,17 @@ import math, multiprocessing, os, shutil, signal, sys, time
 import numpy as np
 import torch
 
-import data, overopt, provenance, stages, store, tokenizer, train
-from config import check_once, override
-from errors import RunError, die
-from evaluate import best_of_k, during_ppo, evaluate_policy, plot_bestofk, sample_texts
+import data, tokenizer, train
 from kl import KLConfig
 from ppo import PPOConfig
-from precision import autocast
-from state import load_checkpoint
-from tables import (DEFAULT_CONDITION, beta_table, bestofk_cells, bestofk_curves, bestofk_table,
+from machinery import provenance, records, stages, store
+from machinery.config import check_once, override
+from machinery.errors import RunError, die
+from machinery.evaluate import best_of_k, during_ppo, evaluate_policy, plot_bestofk, sample_texts
+from machinery.precision import autocast
+from machinery.state import load_checkpoint
+from lab import overopt
+from lab.tables import (DEFAULT_CONDITION, beta_table, bestofk_cells, bestofk_curves, bestofk_table,
                     overopt_tables, plot, ref_table, summarise, verifiable_columns)
 
 KL_TARGET = KLConfig().kl_target
@@ -249,7 +251,8 @@ RECORD = "run.json"
 def run_record(run_dir, stamp, outputs):
     """A run folder's record: as stages.json's, with the inputs in base's folder (the stamp's
     hashes)."""
-    rec = store.make_record(run_dir, stamp["config"], [], outputs, stamp["defaults"], stamp["code"])
+    rec = records.make_record(run_dir, stamp["config"], [], outputs, stamp["defaults"],
+                              stamp["code"])
     rec["inputs"] = stamp["inputs"]
     return rec
 
@@ -282,11 +285,13 @@ def finished(run_dir, stamp):
     except RunError:
         # A damaged record or output: the run is done again.
         return False
-    if rec is None or store.damaged_record(rec):
+    if rec is None or records.damaged_record(rec):
         return False
-    if store.code_difference(rec, stamp):
+    if records.code_difference(rec, stamp):
         return False
-    return store.first_difference(rec, stamp) is None and store.outputs_intact(run_dir, rec, needed)
+    if records.first_difference(rec, stamp) is not None:
+        return False
+    return records.outputs_intact(run_dir, rec, needed)
 
 
 def one_run(job):
@@ -307,10 +312,8 @@ def one_run(job):
         # The record goes first.
         for n in [RECORD] + st.outputs + stray + partial:
             store.remove(os.path.join(run_dir, n))
-        stages.seed_everything(seed)
-        # Under --dtype=bf16, as train.py runs the stage.
-        with autocast(cfg.run.device, cfg.run.dtype):
-            stages.run_ppo(cfg, base, run_dir, stamp, log=lambda line: None)
+        # As train.py runs the stage: seeded, under the run's precision.
+        stages.run_stage(cfg, st, stamp, base=base, run_dir=run_dir, log=quiet)
         # Last: a run killed before this line is done again.
         rec = run_record(run_dir, stamp, stages.files(cfg, st.outputs))
         store.save_json(os.path.join(run_dir, RECORD), rec)
@@ -319,6 +322,10 @@ def one_run(job):
                 seconds=s["seconds"], ref=s.get("ref"), entropy=s["entropy"],
                 s_per_iter=s["ref"]["seconds_per_iter"], critic_mb=s["critic_bytes"] / 1e6,
                 **bestofk_cells(s["bestofk"]))
+
+
+def quiet(line):
+    """A run's log lines, dropped: results.md holds what a suite reports."""
 
 
 def pool_run(job):
@@ -381,9 +388,9 @@ def make_base(rest, main, vdir, flags):
         for n in dict.fromkeys(n for st in kept for n in st.outputs):
             if os.path.exists(os.path.join(main, n)):
                 shutil.copy(os.path.join(main, n), os.path.join(vdir, n))
-        records = store.load_records(main)
+        recs = records.load_records(main)
         store.save_json(os.path.join(vdir, "stages.json"),
-                        {st.name: records[st.name] for st in kept if st.name in records})
+                        {st.name: recs[st.name] for st in kept if st.name in recs})
     train.run_stages(cfg, upto="reward")
 
 

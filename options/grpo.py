@@ -24,7 +24,7 @@ Left out: DAPO's dynamic sampling (dropping groups with equal rewards) and asymm
 """
 import torch
 
-import dist
+from machinery import dist
 
 EPS = 1e-4
 

@@ -1,7 +1,7 @@
 """Overoptimization, as Gao, Schulman & Hilton 2022 measure it: gold against d = sqrt(KL) for
 best-of-n by the proxy and for PPO, and the two functional forms fitted to each.
 
-    python ablate.py --suite=overopt          # the runs, then overopt.json and overopt.png
+    python -m lab.ablate --suite=overopt          # the runs, then overopt.json and overopt.png
     python -m pytest -q tests/test_overopt.py
 
 Best-of-n (`best_of_n`): from a pool of N samples of the pretrained model for one prompt, sorted
@@ -23,7 +23,7 @@ over sizes), confidence bands on the fitted curves.
 import math
 import numpy as np
 
-import store
+from machinery import store
 
 
 def best_of_n(proxy, gold, ns):

@@ -2,9 +2,9 @@
 reward model and PPO all reseeded), and each of README's first-table numbers with its mean and
 min-max over them.
 
-    python seeds.py                        # seeds 1337, 1338, 1339 -> out/seeds/seeds.md
-    python seeds.py --seeds=1337,1338 --preset=smoke --out_dir=/tmp/s
-    python seeds.py --help                 # this text; train.py --help lists the other flags
+    python -m lab.seeds                        # seeds 1337, 1338, 1339 -> out/seeds/seeds.md
+    python -m lab.seeds --seeds=1337,1338 --preset=smoke --out_dir=/tmp/s
+    python -m lab.seeds --help                 # this text; train.py --help lists the other flags
 
 Every flag but --seeds goes to train.py unchanged. The seed that --seed names (default 1337) is
 the main run in --out_dir itself; each other seed runs in --out_dir/seeds/seedN. Each is
@@ -15,10 +15,11 @@ Left out: intervals (three seeds give a range, not a distribution); another CPU 
 """
 import os, sys
 
-import provenance, store, train
-from claims import POLICIES, ROWS
-from config import override
-from errors import RunError, die
+import train
+from machinery import provenance, store
+from machinery.config import override
+from machinery.errors import RunError, die
+from lab.claims import POLICIES, ROWS
 
 
 def parse(argv):

@@ -18,7 +18,7 @@ import dataclasses, math, sys
 from dataclasses import dataclass
 from types import SimpleNamespace
 
-from errors import RunError, die
+from machinery.errors import RunError, die
 
 RULES = {">0": lambda v: v > 0, ">=0": lambda v: v >= 0, "[0,1]": lambda v: 0 <= v <= 1,
          "[0,1)": lambda v: 0 <= v < 1, "(0,1)": lambda v: 0 < v < 1,
@@ -42,12 +42,12 @@ class RunConfig:
     out_dir: str = arg("out", help="folder for every stage's outputs")
     stage: str = arg("all", help="every stage not done yet, or one stage (stages.STAGES)",
                      choices=["all", "world", "pretrain", "reference", "preferences", "reward",
-                              "ppo", "report", "sample", "inspect"])
+                              "ppo", "report", "sample"])
     fresh: bool = arg(False, help="delete every output in out_dir and redo every stage")
     preset: str = arg("default", help="default, smoke (seconds; the tests use it), gpu (one GPU, "
                       "about 10 minutes)", choices=["default", "smoke", "gpu"])
     seed: int = arg(1337, "[0,2^31)", "numpy takes seeds in [0, 2^32); the stages add small "
-                    "offsets (+1, +2, ablate.py's seed + k)")
+                    "offsets (+1, +2, lab/ablate.py's seed + k)")
     device: str = arg("auto", help="auto (cuda when available), cpu or cuda",
                       choices=["auto", "cpu", "cuda"])
     threads: int = arg(0, ">=0", "torch CPU threads; 0 = torch's default")
@@ -245,8 +245,8 @@ def check_world(cfg, enc, prompts, split_tokens):
 
 def check_once(argv):
     """A flag given twice (--name or --name=value) is refused: one line naming it, exit 2. Which of
-    the two was meant is not for a parser to guess (train.py's flags, ablate.py's and
-    bench.py's)."""
+    the two was meant is not for a parser to guess (train.py's flags, lab/ablate.py's and
+    lab/bench.py's)."""
     names = [a.partition("=")[0] for a in argv]
     if len(set(names)) < len(names):
         die(f"{max(names, key=names.count)} is given twice (give each flag once)")
@@ -254,6 +254,7 @@ def check_once(argv):
 
 def override(flags, later):
     """flags, less every flag that `later` names again, then `later`: "the later flag wins" for a
-    parser that takes each flag once (ablate.py's and bench.py's runs, through train.parse)."""
+    parser that takes each flag once (lab/ablate.py's and lab/bench.py's runs, through
+    train.parse)."""
     names = {a.partition("=")[0] for a in later}
     return [a for a in flags if a.partition("=")[0] not in names] + later

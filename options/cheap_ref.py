@@ -1,8 +1,8 @@
 """Cheaper references: how π_ref is held (`--ref=`), what each way costs in memory, and the check
 that the reference stayed frozen.
 
-    python train.py --ref=lora                  # PPO with a LoRA actor scored against its base
-    python bench.py --refs --out_dir=out        # bytes and step-0 KL of every kind, side by side
+    python train.py --ref=lora                # PPO with a LoRA actor scored against its base
+    python -m lab.bench --refs --out_dir=out  # bytes and step-0 KL of every kind, side by side
 
 `make_reference` builds (actor, reference) for each kind:
     full      a frozen deep copy in fp32 (the default)
@@ -18,8 +18,8 @@ that the reference stayed frozen.
               once, TRL's num_shared_layers); the top blocks and the final LayerNorm are trained
               and kept twice
 full, lora and shared_n start at exactly KL 0; half and quantized references do not
-(evaluate.step0_kl measures it). `memory_bytes` says what each holds; `unchanged` checks, after
-PPO, that the reference's tensors are bit for bit what ref.pt gives through the same build.
+(evaluate.step0_kl measures it). `memory_bytes` says what each holds; `as_built` is what ref.pt
+gives through the same build, which ref.check_unchanged holds the reference to after PPO.
 Left out: quantized activations, double quantization of the scales, merging adapters during
 training.
 """
@@ -29,9 +29,9 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from config import arg
 from model import response_logits
 from ref import Reference, frozen_copy
+from machinery.config import arg
 
 KINDS = ["full", "bf16", "fp16", "int8", "nf4", "lora", "shared_<n>"]
 
@@ -187,6 +187,10 @@ class LoRAReference(Reference):
         with adapters_off(self.model):
             return response_logits(self.model, query, query_mask, response, temperature)
 
+    def state(self):
+        """The tensors it scores with: the frozen bases (the adapters are the actor's)."""
+        return {k: v for k, v in self.model.state_dict().items() if "lora_" not in k}
+
 
 def plain_actor(actor):
     """The actor as a plain GPT (adapters merged) for actor.pt; the actor itself when it has no
@@ -197,24 +201,22 @@ def plain_actor(actor):
 
 
 # ---- choosing the reference ----
-def make_reference(actor, ref_model, cfg):
+def make_reference(actor, ref, cfg):
     """(actor, reference) for cfg.ref (a RefConfig). actor: the pretrained model PPO will train;
-    ref_model: the frozen model from ref.pt. full, bf16, fp16, int8, nf4: the actor as given, a
-    converted copy of ref_model. lora, shared_n: the actor is built on ref_model itself, so the
-    reference's weights are held once."""
-    kind = cfg.ref
+    ref: ref.py's Reference of ref.pt (ref.load_reference). full: both as given. bf16, fp16, int8,
+    nf4: ref's model converted where it is. lora, shared_n: the actor is built on ref's model
+    itself, so the reference's weights are held once."""
+    kind, ref_model = cfg.ref, ref.model
     if kind == "full":
-        return actor, Reference(ref_model)
+        return actor, ref
     if kind in ("bf16", "fp16"):
         dtype = torch.bfloat16 if kind == "bf16" else torch.float16
         # model.response_logits casts the logits to fp32.
-        return actor, Reference(ref_model.to(dtype), exact=False)
+        return actor, Reference(ref_model.to(dtype), exact=False, copy=False)
     if kind in ("int8", "nf4"):
-        model = frozen_copy(ref_model)
-        replace_linears(model, lambda lin: QuantLinear(lin, kind, cfg.quant_block))
-        return actor, Reference(model, exact=False, copy=False)
+        replace_linears(ref_model, lambda lin: QuantLinear(lin, kind, cfg.quant_block))
+        return actor, Reference(ref_model, exact=False, copy=False)
     if kind == "lora":
-        ref_model.requires_grad_(False)
         replace_linears(ref_model, lambda lin: LoRALinear(lin, cfg.lora_rank, cfg.lora_alpha))
         return ref_model, LoRAReference(ref_model, copy=False)
     # shared_n: the actor is trained but for what is shared.
@@ -223,29 +225,21 @@ def make_reference(actor, ref_model, cfg):
     shared = [ref_model.wte, ref_model.wpe, ref_model.lm_head, *ref_model.blocks[:n]]
     # deepcopy leaves these as they are.
     memo = {id(x): x for m in shared for x in [m, *m.parameters()]}
-    ref = Reference(frozen_copy(ref_model, memo), copy=False)
+    frozen = Reference(frozen_copy(ref_model, memo), copy=False)
     # Stored once, trained by no one.
     for m in shared:
         m.requires_grad_(False)
-    return ref_model, ref
+    return ref_model, frozen
 
 
-def frozen_state(ref):
-    """Every tensor the reference scores with, by name (adapters excluded: they are the actor's)."""
-    return {k: v for k, v in ref.model.state_dict().items() if "lora_" not in k}
-
-
-def unchanged(ref, ref_model, cfg):
-    """True when the reference's tensors are bit-identical to those ref.pt's model gives through
-    the same build."""
+def as_built(ref_pt, cfg):
+    """{name: tensor} that a reference of kind cfg.ref (a RefConfig) scores with when built from
+    ref.pt's Reference `ref_pt` (loaded afresh): what the run's reference must still hold after
+    PPO (ref.check_unchanged)."""
     # lora's A draws random numbers: not from the run's stream.
     with torch.random.fork_rng(devices=[]):
-        built = make_reference(copy.deepcopy(ref_model), copy.deepcopy(ref_model), cfg)[1]
-        fresh = frozen_state(built)
-    now = frozen_state(ref)
-    if now.keys() != fresh.keys():
-        return False
-    return all(torch.equal(now[k].cpu(), fresh[k].cpu()) for k in now)
+        model = copy.deepcopy(ref_pt.model)
+        return make_reference(model, Reference(model, copy=False), cfg)[1].state()
 
 
 def storage_bytes(tensors):

@@ -14,9 +14,10 @@ import time
 import numpy as np
 import torch
 
-import data, dist, optim, state
-from config import arg
+import data
 from model import GPT
+from machinery import dist, optim, state
+from machinery.config import arg
 
 
 @dataclass

@@ -5,36 +5,38 @@ and writes.
                                       # stages to run)
     python train.py --stage=pretrain  # one stage
 Each stage is a function `stage_NAME(cfg, stamp)` that reads its inputs from out_dir and writes its
-outputs there: world, pretrain, reference, preferences, reward, ppo (`run_ppo`, used by ablate.py
-too; the loop is ppo.train_ppo), report, and the read-only sample and inspect (inspect_page.py).
+outputs there: world, pretrain, reference, preferences, reward, ppo (`run_ppo`, used by
+lab/ablate.py too; the loop is ppo.train_ppo), report, and the read-only sample.
 The stage table is STAGES, at the bottom: each stage's input and output files and the config fields
 that shape its outputs; `stamp` is what a stage's outputs are made from, which train.py records in
 stages.json and compares on the next run.
 Lines under a `# torchrun` comment are the only ones a single process skips past (dist.py).
 Left out: resuming the preferences and reward stages half way.
 """
-import ast, copy, importlib.util, os, random, shutil
+import copy, importlib.util, os, random, shutil
 from collections import namedtuple
 import numpy as np
 import torch
 
-import cheap_ref, data, dist, provenance, store, tokenizer
-from anchors import AnchorConfig
-from cheap_ref import RefConfig
-from config import WorldConfig, check_world, fields
-from errors import RunError
-from evaluate import (EvalConfig, best_of_k, evaluate_policy, judge_texts, plot_bestofk,
-                      plot_metrics, sample_texts, step0_kl, write_report)
-from inspect_page import stage_inspect
+import data, tokenizer
 from kl import KLConfig
 from model import GPTConfig
 from ppo import PPOConfig, say, train_ppo
-from pretrain import PretrainConfig, fmt_time, train_gpt
-from ref import Reference
+from ref import check_unchanged, load_reference, save_reference
 from reward import (RewardConfig, gold_normaliser, load_scalar_model, make_preferences,
                     save_scalar_model, train_reward_model)
-from rollback import RollbackConfig
-from state import load_checkpoint, save_checkpoint
+from machinery import dist, provenance, records, store
+from machinery.config import WorldConfig, check_world, fields
+from machinery.errors import RunError
+from machinery.evaluate import (EvalConfig, best_of_k, evaluate_policy, judge_texts,
+                                plot_bestofk, plot_metrics, sample_texts, step0_kl, write_report)
+from machinery.precision import autocast
+from machinery.pretrain import PretrainConfig, fmt_time, train_gpt
+from machinery.state import load_checkpoint, save_checkpoint
+from options import cheap_ref
+from options.anchors import AnchorConfig
+from options.cheap_ref import RefConfig
+from options.rollback import RollbackConfig
 
 
 def seed_everything(seed):
@@ -128,9 +130,8 @@ def stage_pretrain(cfg, stamp):
 # ---- stage: reference ----
 def stage_reference(cfg, stamp):
     """π_ref is the pretrained model, frozen: saved once, loaded by every PPO run, compared bit for
-    bit after."""
-    model, _ = load_checkpoint(path(cfg, "pretrain.pt"))
-    save_checkpoint(model, path(cfg, "ref.pt"))
+    bit after (ref.py)."""
+    model = save_reference(path(cfg, "pretrain.pt"), path(cfg, "ref.pt"))
     print(f"reference: frozen copy of the pretrained model ({model.num_params() / 1e6:.2f}M "
           "parameters) -> ref.pt")
 
@@ -187,22 +188,22 @@ def load_models(base, device):
     if missing:
         raise RunError(f"{base} has no {', '.join(missing)}: run train.py --out_dir={base} first")
     actor, _ = load_checkpoint(os.path.join(base, "pretrain.pt"), device)
-    ref, _ = load_checkpoint(os.path.join(base, "ref.pt"), device)
+    ref = load_reference(os.path.join(base, "ref.pt"), device)
     rm, _ = load_scalar_model(os.path.join(base, "reward.pt"), device)
-    return actor, Reference(ref), rm.requires_grad_(False)
+    return actor, ref, rm.requires_grad_(False)
 
 
 def run_ppo(cfg, base, run_dir, stamp, log=say):
     """PPO from base's pretrained model, reference and reward model; writes into run_dir actor.pt,
     metrics.jsonl, ppo.json (final evaluation, with the stamp it was made under) and ppo.png. Used
-    by ablate.py too."""
+    by lab/ablate.py too."""
     run = cfg.run
     os.makedirs(run_dir, exist_ok=True)
     enc = tokenizer.load_tokenizer(base, cfg.world.tokenizer)
     prompts = data.load_prompts(base)
     actor, ref, rm = load_models(base, run.device)
-    # With --ref=full these are the same two models.
-    actor, ref = cheap_ref.make_reference(actor, ref.model, cfg.ref)
+    # --ref: how the reference is held; with full, both as loaded.
+    actor, ref = cheap_ref.make_reference(actor, ref, cfg.ref)
     memory = cheap_ref.memory_bytes(actor, ref)
     # The critic starts as the reward model.
     critic = copy.deepcopy(rm).requires_grad_(True) if cfg.ppo.advantage == "gae" else None
@@ -210,6 +211,14 @@ def run_ppo(cfg, base, run_dir, stamp, log=say):
     gold_norm = gold_normaliser(store.load_json(os.path.join(base, "prefs.jsonl"), lines=True))
     metrics, beta = train_ppo(actor, critic, ref, rm, enc, prompts["train"], cfg, run_dir, stamp,
                               log, gold_norm, prompts["heldout"])
+    full_ref = load_reference(os.path.join(base, "ref.pt"), run.device)
+    # The KL was paid to π_ref only if the reference left PPO as ref.pt made it: else the run
+    # stops, and its state goes, so that the same command redoes PPO (ref.py).
+    try:
+        check_unchanged(ref, cheap_ref.as_built(full_ref, cfg.ref))
+    except RunError:
+        store.remove(os.path.join(run_dir, "ppo_state.pt"))
+        raise
     # torchrun: rank 0 evaluates and writes.
     if not dist.is_main():
         return None
@@ -220,12 +229,10 @@ def run_ppo(cfg, base, run_dir, stamp, log=say):
     if critic is not None:
         # The inspect page's per-token advantages.
         save_scalar_model(critic, os.path.join(run_dir, "critic.pt"))
-    full_ref = Reference(load_checkpoint(os.path.join(base, "ref.pt"), run.device)[0])
-    unchanged = cheap_ref.unchanged(ref, full_ref.model, cfg.ref)
     seed_everything(run.seed + 1)
     # The KL is to the full reference.
     final, _ = evaluate_policy(actor, enc, prompts["heldout"], run, full_ref, rm, cfg.eval.n_eval)
-    summary = dict(final=final, reference_unchanged=unchanged, kl_coef_final=beta, stamp=stamp,
+    summary = dict(final=final, reference_unchanged=True, kl_coef_final=beta, stamp=stamp,
                    skipped_updates=metrics[-1]["policy/skipped_updates"],
                    stopped_after=len(metrics) if len(metrics) < cfg.ppo.ppo_iters else None,
                    seconds=metrics[-1]["time/elapsed"])
@@ -262,15 +269,17 @@ def run_ppo(cfg, base, run_dir, stamp, log=say):
     return summary
 
 
-def stage_ppo(cfg, stamp):
-    s = run_ppo(cfg, cfg.run.out_dir, cfg.run.out_dir, stamp)
+def stage_ppo(cfg, stamp, base=None, run_dir=None, log=say):
+    """PPO from base's models (out_dir's) into run_dir (out_dir; lab/ablate.py: a run's own folder),
+    each line to `log`."""
+    s = run_ppo(cfg, base or cfg.run.out_dir, run_dir or cfg.run.out_dir, stamp, log)
     # torchrun: a rank other than 0.
     if s is None:
         return
     f = s["final"]
-    print(f"ppo: held-out gold {f['gold_mean']:+.2f}, proxy {f['proxy_mean']:+.2f}, KL to "
-          f"reference {f['kl']:.2f} nats, well-formed {f['wellformed_rate']:.0%}; reference "
-          f"unchanged: {s['reference_unchanged']}")
+    log(f"ppo: held-out gold {f['gold_mean']:+.2f}, proxy {f['proxy_mean']:+.2f}, KL to "
+        f"reference {f['kl']:.2f} nats, well-formed {f['wellformed_rate']:.0%}; reference "
+        f"unchanged: {s['reference_unchanged']}")
 
 
 # ---- stage: report ----
@@ -310,7 +319,7 @@ def stage_sample(cfg, stamp):
 
 
 # ---- the stage table: what each stage reads, writes, and which config fields shape its outputs
-Stage = namedtuple("Stage", "name fn inputs outputs fields partial code")
+Stage = namedtuple("Stage", "name fn inputs outputs fields partial")
 
 
 def _names(*groups):
@@ -321,45 +330,27 @@ _SAMPLING = ["seed", "temperature", "response_length", "dtype"]
 WORLD = ["world.json", "train.txt", "val.txt", "train.bin", "val.bin", "tokenizer.bpe",
          "prompts.json"]
 TOK = ["tokenizer.bpe", "prompts.json"]
-# The code each stage runs: project files, and functions of this file ("stages.py:NAME"). A stage
-# is redone when one of them changes (comments, docstrings and layout aside); config.py and
-# store.py only check and store, train.py only drives.
-_EVAL = ["evaluate.py", "kl.py", "ref.py", "reward.py", "model.py", "sequences.py", "precision.py",
-         "state.py", "data.py", "tokenizer.py"]
-_PPO = ["ppo.py", "grpo.py", "optim.py", "anchors.py", "rollback.py", "cheap_ref.py", "dist.py"]
-_PRETRAIN = ["model.py", "optim.py", "pretrain.py", "state.py", "precision.py", "sequences.py",
-             "data.py", "tokenizer.py", "evaluate.py", "dist.py"]
 _PPO_FIELDS = _names(KLConfig, PPOConfig, RefConfig, AnchorConfig, RollbackConfig, EvalConfig)
 STAGES = [
-    Stage("world", stage_world, [], WORLD, ["seed"] + _names(WorldConfig), None,
-          ["data.py", "tokenizer.py", "stages.py:build_world_aside", "stages.py:stage_world"]),
+    Stage("world", stage_world, [], WORLD, ["seed"] + _names(WorldConfig), None),
     Stage("pretrain", stage_pretrain, ["train.bin", "val.bin"] + TOK,
           ["pretrain.pt", "pretrain.json"], _SAMPLING + _names(GPTConfig, PretrainConfig),
-          "pretrain_ckpt.pt", _PRETRAIN + ["stages.py:stage_pretrain"]),
-    Stage("reference", stage_reference, ["pretrain.pt"], ["ref.pt"], [], None,
-          ["model.py", "state.py", "stages.py:stage_reference"]),
+          "pretrain_ckpt.pt"),
+    Stage("reference", stage_reference, ["pretrain.pt"], ["ref.pt"], [], None),
     Stage("preferences", stage_preferences, ["pretrain.pt"] + TOK, ["prefs.jsonl"],
-          _SAMPLING + ["n_pairs"], None,
-          ["model.py", "reward.py", "sequences.py", "precision.py", "state.py", "data.py",
-           "tokenizer.py", "stages.py:stage_preferences"]),
+          _SAMPLING + ["n_pairs"], None),
     Stage("reward", stage_reward, ["pretrain.pt", "prefs.jsonl"], ["reward.pt", "reward.json"],
-          ["seed", "dtype"] + _names(RewardConfig), None,
-          ["model.py", "reward.py", "optim.py", "sequences.py", "precision.py", "state.py",
-           "dist.py", "stages.py:stage_reward"]),
+          ["seed", "dtype"] + _names(RewardConfig), None),
     # train.bin: ptx's windows; prefs.jsonl: the gold scores' normaliser. critic.pt: gae only.
     Stage("ppo", stage_ppo,
           ["pretrain.pt", "ref.pt", "reward.pt", "train.bin", "prefs.jsonl"] + TOK,
           ["actor.pt", "critic.pt", "metrics.jsonl", "ppo.json", "ppo.png"],
-          _SAMPLING + [n for n in _PPO_FIELDS if n != "save_interval"], "ppo_state.pt",
-          _EVAL + _PPO + ["stages.py:load_models", "stages.py:run_ppo", "stages.py:stage_ppo"]),
+          _SAMPLING + [n for n in _PPO_FIELDS if n != "save_interval"], "ppo_state.pt"),
     Stage("report", stage_report, ["pretrain.pt", "actor.pt", "ref.pt", "reward.pt"] + TOK,
-          ["report.md", "report.json", "bestofk.png"], _SAMPLING + _names(EvalConfig), None,
-          _EVAL + ["stages.py:load_models", "stages.py:stage_report"]),
+          ["report.md", "report.json", "bestofk.png"], _SAMPLING + _names(EvalConfig), None),
 ]
-SAMPLE = Stage("sample", stage_sample, ["actor.pt"] + TOK, [], [], None, [])
-INSPECT = Stage("inspect", stage_inspect, ["pretrain.pt", "ref.pt", "reward.pt"] + TOK, [], [],
-                None, [])
-BY_NAME = {s.name: s for s in STAGES + [SAMPLE, INSPECT]}
+SAMPLE = Stage("sample", stage_sample, ["actor.pt"] + TOK, [], [], None)
+BY_NAME = {s.name: s for s in STAGES + [SAMPLE]}
 
 
 def files(cfg, names):
@@ -379,30 +370,20 @@ def files(cfg, names):
     return out
 
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
+def run_stage(cfg, st, stamp, **kw):
+    """Stage `st` as train.py and lab/ablate.py run it: every generator seeded from --seed, then its
+    function under the run's precision (a no-op under fp32; under bf16 autocast takes every forward
+    of the stage: precision.py). kw: run_ppo's, for lab/ablate.py's runs."""
+    seed_everything(cfg.run.seed)
+    with autocast(cfg.run.device, cfg.run.dtype):
+        return st.fn(cfg, stamp, **kw)
 
 
-# (file, its mtime and size, function or "") -> hash: each file parsed once while unchanged.
-_DIGESTS = {}
-
-
-def code_of(st, root=ROOT):
-    """{piece: hash} of the code stage `st` runs (its `code` list), read from the project in `root`:
-    a file's parsed tree, or one function's of this file (store.code_digest: comments, docstrings
-    and layout aside)."""
-    out = {}
-    for piece in st.code:
-        name, _, fn = piece.partition(":")
-        p = os.path.join(root, name)
-        key = (p, os.stat(p).st_mtime_ns, os.stat(p).st_size, fn)
-        if key not in _DIGESTS:
-            with open(p) as f:
-                node = ast.parse(f.read())
-            if fn:
-                node = next(n for n in node.body if isinstance(n, ast.FunctionDef) and n.name == fn)
-            _DIGESTS[key] = store.code_digest(node)
-        out[piece] = _DIGESTS[key]
-    return out
+def code_of(st, root=records.ROOT):
+    """{piece: hash} of the code stage `st` runs, from the project in `root`: what run_stage and
+    the stage's function reach (records.code_of)."""
+    roots = [(__name__, "run_stage"), (__name__, st.fn.__name__)]
+    return records.code_of(roots, root)
 
 
 def stamp(cfg, st):

@@ -3,9 +3,9 @@ and the plot.
 
     python train.py --stage=report      # pretrained model vs RLHF actor, side by side
                                         # -> out/report.md, report.json
-The ppo and report stages and ablate.py all score through `evaluate_policy`, so every row of every
-table is measured the same way: same prompts, same sampling seed, same metrics; the pretrain stage
-and ablate.py's examples use `sample_texts` and `judge_texts`.
+The ppo and report stages and lab/ablate.py all score through `evaluate_policy`, so every row of
+every table is measured the same way: same prompts, same sampling seed, same metrics; the pretrain
+stage and lab/ablate.py's examples use `sample_texts` and `judge_texts`.
 Best-of-k, the pass@k of this world (`best_of_k`): n = --bestofk_n samples for each of n_eval / n
 held-out prompts (spread over the subjects; the same sample budget as the evaluation), and for
 k = 1, 2, 4, 8, 16 the expected best gold score among k of them and pass@k, a pass being a
@@ -15,7 +15,7 @@ about 26 % of the time and its pass@16 is 1.0), and again, from the same samples
 can show it). Both are the unbiased estimators over the n samples (Chen et al. 2021): every
 k-subset of the n counted.
 --eval_every=N evaluates the actor during PPO (`during_ppo`), every N iterations, on --eval_n
-held-out samples: the trajectory of gold, proxy and KL that ablate.py --suite=overopt fits.
+held-out samples: the trajectory of gold, proxy and KL that lab/ablate.py --suite=overopt fits.
 Left out: confidence intervals, per-token views.
 """
 from dataclasses import dataclass
@@ -23,13 +23,14 @@ import math, os
 import numpy as np
 import torch
 
-import data, state, store
-from config import arg
+import data
 from kl import kl_full
 from model import response_logits, token_logprobs
-from precision import cast_once
 from reward import score as reward_score
 from sequences import encode_prompts, join_tokens, response_mask
+from machinery import state, store
+from machinery.config import arg
+from machinery.precision import cast_once
 
 
 @dataclass

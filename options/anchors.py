@@ -3,7 +3,8 @@
     python train.py --ref_update=sync --ref_sync_every=10    # TR-DPO's soft update, on a copy
     python -m pytest -q tests/test_anchors.py
 
-The KL penalty is paid to `Anchor.current`:
+The KL penalty is paid to `Anchor.current`, which moves around each update (`Anchor.moving`, the
+one call PPO makes):
     frozen   π_ref itself, for the whole run (the default)
     rolling  the previous iteration's policy, a frozen snapshot taken before each update
     sync     a copy of π_ref moved towards the actor every ref_sync_every iterations:
@@ -15,11 +16,12 @@ actor it moved with.
 Left out: an exponential moving average every iteration (sync with every=1 is one), anchors for
 the reward model.
 """
+import contextlib
 from dataclasses import dataclass
 import torch
 
-from config import arg
 from ref import Reference
+from machinery.config import arg
 
 
 @dataclass
@@ -66,6 +68,14 @@ class Anchor:
         self.current = frozen
         self.cfg = cfg
         self.snapshot = None
+
+    @contextlib.contextmanager
+    def moving(self, actor, it):
+        """PPO's one call, around iteration `it`'s update: `before_update`, the update, then
+        `after_update` (the frozen π_ref: nothing happens)."""
+        self.before_update(actor)
+        yield
+        self.after_update(actor, it)
 
     def before_update(self, actor):
         """rolling: this iteration's policy, frozen, to be the next iteration's anchor."""

@@ -1,6 +1,6 @@
 """The ablation's statistics, tables and plots: what ablate.py writes once its runs are done.
 
-    python ablate.py --suite=core        # runs the conditions (ablate.py), then writes these
+    python -m lab.ablate --suite=core        # runs the conditions (ablate.py), then writes these
                                          # into out/ablate/
 `bootstrap_ci` is the percentile bootstrap interval of a mean over seeds; `paired_ci` the interval
 of a condition minus the baseline condition, paired by seed; `verdict` says "not separated" where
@@ -14,7 +14,8 @@ Left out: corrections for many comparisons, intervals for the curves.
 import json, math, os
 import numpy as np
 
-import overopt, store
+from machinery import store
+from lab import overopt
 
 # The paired comparisons are against this row (the main run's settings).
 DEFAULT_CONDITION = "adaptive"

@@ -14,9 +14,9 @@ Left out: sharded checkpoints, resuming the preferences and reward stages half w
 from dataclasses import asdict
 import torch
 
-import dist, store
 from kl import load_controller
 from model import GPT, GPTConfig
+from machinery import dist, store
 
 # What pretrain_ckpt.pt and ppo_state.pt hold besides their stamp.
 PRETRAIN_STATE = ["iter", "model", "opt", "gen", "rng", "log", "seconds", "skipped"]

@@ -15,8 +15,8 @@ Left out: weight decay groups per parameter type, gradient accumulation, loss sc
 import math
 import torch
 
-import dist
-from errors import RunError
+from machinery import dist
+from machinery.errors import RunError
 
 # Non-finite steps in a row that stop a run.
 MAX_BAD_STEPS = 5

@@ -24,7 +24,7 @@ import os, sys
 import torch
 import torch.distributed as td
 
-from errors import RunError
+from machinery.errors import RunError
 
 # Where numbers are reduced: nccl reduces CUDA tensors only.
 DEVICE = "cpu"

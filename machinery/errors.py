@@ -11,14 +11,15 @@ import os, sys, time
 
 
 class RunError(Exception):
-    """A failure the user can act on. train.py and ablate.py print its one line and exit with `code`
-    (2: bad input or stale state, nothing was changed; 1: the run itself failed, e.g. diverged)."""
+    """A failure the user can act on. train.py and lab/ablate.py print its one line and exit with
+    `code` (2: bad input or stale state, nothing was changed; 1: the run itself failed, e.g.
+    diverged)."""
 
     def __init__(self, msg, code=2):
         super().__init__(msg)
         self.code = code
 
-    # Keeps the code across ablate.py's worker processes.
+    # Keeps the code across lab/ablate.py's worker processes.
     def __reduce__(self):
         return RunError, (str(self), self.code)
 

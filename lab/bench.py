@@ -1,9 +1,9 @@
 """Where the time goes, measured in one process on this machine: a table, and out/bench.json.
 
     # 1 to 4 minutes on 2 cores (bf16 is slow where the CPU emulates it)
-    python bench.py
+    python -m lab.bench
     # any thread count; --device=cuda where there is one
-    python bench.py --threads=1
+    python -m lab.bench --threads=1
 It measures: the machine's fp32 and bf16 matmul throughput (the ceiling), pretraining tokens/s on
 the default model, rollout tokens/s with and without the KV cache, and one PPO iteration at a fixed
 anchor config (4 layers, 4 heads, 128 channels, vocabulary 1024; 64 prompts of 16 tokens, 32 new
@@ -19,11 +19,11 @@ by its time and by the measured matmul rate. Every timing is the median of a few
 warm-up. The same update on responses of lengths uniform over 4..32 (seed 0) with
 --minibatch_order=shuffle and length: time, padded positions.
     # every --ref kind: bytes held and the KL to the full ref at step 0
-    python bench.py --refs --out_dir=out
+    python -m lab.bench --refs --out_dir=out
 --refs measures the reference options (ref.py) on a finished run's models instead (any train.py flag
 passes through, checked by train.parse): the table is printed, nothing is written.
     # --bar alone: that grid
-    python bench.py --bar='adamw:4e-3:600,700,900;muon:0.02:400,500,600' [train.py flags]
+    python -m lab.bench --bar='adamw:4e-3:600,700,900;muon:0.02:400,500,600' [train.py flags]
 --bar answers "how many pretraining tokens does each optimizer need to reach the quality bar" (BAR:
 validation loss <= 1.235 and >= 90 % of the pretrain stage's samples well-formed). The grid is
 `;`-separated items OPT:LRS:ITERS, each a comma list, every lr x every max_iters: OPT is a
@@ -40,19 +40,20 @@ multi-GPU.
 import dataclasses, math, os, shutil, statistics, sys, time
 import torch
 
-import data, provenance, stages, store, tokenizer, train
-from cheap_ref import KINDS, make_reference, memory_bytes
-from config import check_once, override
-from errors import RunError, die
-from evaluate import step0_kl
+import data, tokenizer, train
 from kl import KLConfig
 from model import GPT, GPTConfig
-from optim import StepGuard, adamw, make_optimizers
 from ppo import PPOConfig, make_experience, minibatches, ppo_update
-from precision import auto_dtype, autocast, cast_once
 from ref import Reference
 from reward import ScalarModel
-from state import load_checkpoint
+from machinery import provenance, records, stages, store
+from machinery.config import check_once, override
+from machinery.errors import RunError, die
+from machinery.evaluate import step0_kl
+from machinery.optim import StepGuard, adamw, make_optimizers
+from machinery.precision import auto_dtype, autocast, cast_once
+from machinery.state import load_checkpoint
+from options.cheap_ref import KINDS, make_reference, memory_bytes
 
 ANCHOR = GPTConfig(block_size=64, vocab_size=1024, n_layer=4, n_head=4, n_embd=128)
 B, TP, R, EPOCHS, MINIBATCH = 64, 16, 32, 4, 16
@@ -275,15 +276,15 @@ def bench_bar(grid, argv):
         # With --fresh, the runs are redone, never the world.
         c.run.fresh = False
         runs.append((opt, lr, n, c))
-    world = store.load_records(base).get("world")
+    world = records.load_records(base).get("world")
     world_stamp = stages.stamp(cfg, stages.BY_NAME["world"])
-    diff = world and (store.first_difference(world, world_stamp)
-                      or store.code_difference(world, world_stamp))
+    diff = world and (records.first_difference(world, world_stamp)
+                      or records.code_difference(world, world_stamp))
     if not world:
         why = "has none"
     elif diff:
         why = f"was made with {diff}"
-    elif store.outputs_intact(base, world):
+    elif records.outputs_intact(base, world):
         why = None
     else:
         why = "has changed since it was made"
@@ -299,14 +300,14 @@ def bench_bar(grid, argv):
         try:
             with store.Lock(d):
                 # The folder is new, or holds another world since.
-                if store.load_records(d).get("world") != world:
+                if records.load_records(d).get("world") != world:
                     for name in stages.files(cfg, stages.WORLD):
                         shutil.copy(os.path.join(base, name), os.path.join(d, name))
-                    store.save_json(store.records_path(d), dict(world=world))
-                done = store.load_records(d).get("pretrain")
+                    store.save_json(records.records_path(d), dict(world=world))
+                done = records.load_records(d).get("pretrain")
                 made = stages.stamp(c, stages.BY_NAME["pretrain"])
-                if fresh or not done or not store.outputs_intact(d, done) or \
-                        store.first_difference(done, made) or store.code_difference(done, made):
+                if fresh or not done or not records.outputs_intact(d, done) or \
+                        records.first_difference(done, made) or records.code_difference(done, made):
                     # The stage is (re)done; a killed run resumes its pretrain_ckpt.pt.
                     c.run.stage = "pretrain"
                     if fresh:

@@ -1,9 +1,9 @@
 """README's first table, checked against a finished run: every number of it beside the one in
 out/report.json, and the ones that differ by more than they may.
 
-    python claims.py                       # README.md's table against out/report.json
-    python claims.py --out_dir=/tmp/run --readme=README.md --slack=0.05
-    python claims.py --help                # this text
+    python -m lab.claims                       # README.md's table against out/report.json
+    python -m lab.claims --out_dir=/tmp/run --readme=README.md --slack=0.05
+    python -m lab.claims --help                # this text
 
 The table is the first markdown table whose header is `| metric | pretrained | RLHF actor |`;
 each row names a report column (ROWS), each cell holds a number or "mean ± std" (bold allowed).
@@ -17,7 +17,7 @@ Left out: ANSWER.md's tables (each names the command that made it).
 """
 import json, os, re, sys
 
-from errors import die
+from machinery.errors import die
 
 # README's row name -> (report.json column, the column of the "± std" part or None).
 ROWS = {"gold score (mean ± std)": ("gold_mean", "gold_std"),

@@ -1,9 +1,10 @@
 """The token-by-token page: which tokens the reference pulls back.
 
     # out/inspect.html, the main run's RLHF actor
-    python train.py --stage=inspect
+    python -m lab.inspect_page
     # -> that folder's page
-    python train.py --stage=inspect --inspect_actor=out/ablate/no_kl/seed1337/actor.pt
+    python -m lab.inspect_page --inspect_actor=out/ablate/no_kl/seed1337/actor.pt
+    python -m lab.inspect_page --help    # its two flags; every other flag is train.py's
 
 For a few held-out prompts, the pretrained model and the RLHF actor each answer (same sampling
 noise). Every response token is coloured by its KL to the frozen reference, twice:
@@ -12,8 +13,8 @@ per-position KL over the vocabulary (kl.kl_full). Hovering a token shows both nu
 actor's and the reference's top-5 next tokens with their probabilities; a table under each response
 lists the same. Gold (the simulated human) and proxy (the reward model) scores head each response.
 One self-contained file: inline CSS, no scripts, no fonts, no images.
-Named inspect_page.py, not inspect.py: a top-level inspect.py would shadow Python's own `inspect`
-module.
+Named inspect_page.py, not inspect.py: run as a script, an inspect.py would shadow Python's own
+`inspect` module.
 When the actor's folder holds the critic and ppo.json that PPO wrote beside it, each of the actor's
 tokens also shows its advantage: ppo.make_experience run on that one response with the final critic
 and the final β under the run's own KL and PPO settings (GAE before whitening; the penalty to the
@@ -27,27 +28,27 @@ Left out: advantages for the pretrained model's tokens (the critic judges the ac
 interactive plots.
 """
 from dataclasses import dataclass, replace
-import html, os
+import html, os, sys
 import torch
 
-import data, store, tokenizer
-from config import arg
-from errors import RunError
+import data, tokenizer, train
 from kl import kl_full
 from model import response_logits, token_logprobs
 from ppo import make_experience
-from precision import cast_once
-from ref import Reference
+from ref import load_reference
 from reward import gold_scores, load_scalar_model, score as reward_score
 from sequences import encode_prompts, join_tokens, response_mask
-from state import load_checkpoint
+from machinery import records, store
+from machinery.config import arg, check_once, parse_args, print_help
+from machinery.errors import RunError, die
+from machinery.precision import cast_once
+from machinery.state import load_checkpoint
 
 
 @dataclass
 class InspectConfig:
-    inspect_actor: str = arg("", help="inspect stage: the actor.pt to show "
-                                      "(default: out_dir's actor.pt)")
-    inspect_n: int = arg(6, ">0", "inspect stage: held-out prompts on the page")
+    inspect_actor: str = arg("", help="the actor.pt to show (default: out_dir's actor.pt)")
+    inspect_n: int = arg(6, ">0", "held-out prompts on the page")
 
 
 # The nats at which a token's colour is full.
@@ -170,7 +171,7 @@ def made_from(out, actor_path):
     """{file: hash} of out_dir's models the actor was trained from, as its PPO run recorded them:
     stages.json's ppo record for out_dir's own actor.pt (which also vouches for the actor itself),
     else the ppo.json that PPO wrote beside it (ablate.py's runs); None when neither says."""
-    record = store.load_records(out).get("ppo")
+    record = records.load_records(out).get("ppo")
     if os.path.abspath(actor_path) == os.path.abspath(os.path.join(out, "actor.pt")) and record:
         if record["outputs"].get("actor.pt") != store.file_hash(actor_path):
             raise RunError(f"{actor_path} is not the actor the ppo stage made: "
@@ -180,10 +181,11 @@ def made_from(out, actor_path):
     return store.load_json(beside)["stamp"]["inputs"] if os.path.exists(beside) else None
 
 
-def stage_inspect(cfg, stamp):
-    run, n = cfg.run, cfg.inspect.inspect_n
+def write_inspect(cfg, page):
+    """out_dir's inspect.html (or the page beside --inspect_actor's actor.pt)."""
+    run, n = cfg.run, page.inspect_n
     out = run.out_dir
-    actor_path = cfg.inspect.inspect_actor or os.path.join(out, "actor.pt")
+    actor_path = page.inspect_actor or os.path.join(out, "actor.pt")
     if not os.path.exists(actor_path):
         raise RunError(f"--inspect_actor={actor_path} does not exist")
     inputs = made_from(out, actor_path)
@@ -198,7 +200,7 @@ def stage_inspect(cfg, stamp):
               f"shown against {out}'s models")
     enc = tokenizer.load_tokenizer(out, cfg.world.tokenizer)
     pre, _ = load_checkpoint(os.path.join(out, "pretrain.pt"), run.device)
-    ref = Reference(load_checkpoint(os.path.join(out, "ref.pt"), run.device)[0])
+    ref = load_reference(os.path.join(out, "ref.pt"), run.device)
     rm, _ = load_scalar_model(os.path.join(out, "reward.pt"), run.device)
     actor, _ = load_checkpoint(actor_path, run.device)
     critic = ppo_critic(cfg, os.path.dirname(actor_path), rm)
@@ -234,7 +236,42 @@ def stage_inspect(cfg, stamp):
             f"per token, full at {SCALE} nat (red: the actor likes the token more than the "
             "reference; blue, k1 only: less). Hover a token for both numbers and the top-5 next "
             "tokens of the actor and the reference. " + advantages)
-    folder = os.path.dirname(actor_path) if cfg.inspect.inspect_actor else out
+    folder = os.path.dirname(actor_path) if page.inspect_actor else out
     path = os.path.join(folder, "inspect.html")
     write_page(path, "tether: which tokens the reference pulls back", blocks, note)
     print(f"inspect: {len(prompts)} prompts, pretrained and RLHF actor -> {path}")
+
+
+# The models the page reads from a finished run.
+INPUTS = ["pretrain.pt", "ref.pt", "reward.pt", "tokenizer.bpe", "prompts.json"]
+
+
+def parse(argv):
+    """(InspectConfig, train.py's config): --inspect_actor and --inspect_n are the page's, every
+    other flag is train.py's (how to sample, the folder). Bad input: one line, exit 2."""
+    if "--help" in argv or "-h" in argv:
+        print_help(__doc__, {"inspect": InspectConfig})
+        print("Every other flag is train.py's (python train.py --help).")
+        sys.exit(0)
+    check_once(argv)
+    names = {f"--{n}" for n in InspectConfig.__dataclass_fields__}
+    mine = [a for a in argv if a.partition("=")[0] in names]
+    page = parse_args(mine, {"inspect": InspectConfig}).inspect
+    return page, train.parse([a for a in argv if a not in mine])
+
+
+def main(argv):
+    page, cfg = parse(argv)
+    if cfg.run.threads:
+        torch.set_num_threads(cfg.run.threads)
+    try:
+        with train.open_folder(cfg, read_only=("the inspect page", INPUTS)):
+            write_inspect(cfg, page)
+    except RunError as e:
+        die(str(e), e.code)
+    except KeyboardInterrupt:
+        die("interrupted; nothing was written", 130)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -9,12 +9,13 @@ its classic PPOTrainer; 1.12 the newer trl.experimental.ppo.PPOTrainer; any othe
     # pip must never fetch another torch (a CUDA one: GBs)
     echo torch==2.13.0 > /tmp/trl_constraints.txt
     /work/trl_venv/bin/pip install -c /tmp/trl_constraints.txt trl==0.11.4 transformers==4.46.3 rich
-    /work/trl_venv/bin/python bench_trl.py --threads=2 --repeats=5     # from the repository root
+    # from the repository root
+    /work/trl_venv/bin/python -m lab.bench_trl --threads=2 --repeats=5
     # trl 1.12.0 (transformers 5.24.0, accelerate 1.15.0, datasets) in a venv of its own
     python -m venv --system-site-packages /work/trl12_venv
     /work/trl12_venv/bin/pip install --find-links /opt/wheels -c /tmp/trl_constraints.txt \\
         torch==2.13.0 trl==1.12.0
-    /work/trl12_venv/bin/python bench_trl.py --threads=2 --repeats=5
+    /work/trl12_venv/bin/python -m lab.bench_trl --threads=2 --repeats=5
 (rich: trl 0.11.4 imports it without declaring it.) --threads sets torch's thread count for both
 sides (0: torch's default); --repeats the timed iterations of each side after one warm-up iteration
 of each.
@@ -96,7 +97,7 @@ Left out: cuda (TRL is kept on the CPU here), the GPU memory profile.
 """
 import contextlib, io, os, statistics, sys, tempfile, time, types, warnings
 
-from errors import die
+from machinery.errors import die
 
 # The help is the docstring: printed before the imports below, which fail without trl.
 if __name__ == "__main__" and ("--help" in sys.argv or "-h" in sys.argv):
@@ -124,7 +125,7 @@ except ImportError as e:
     die(f"bench_trl.py runs only in a scratch venv with trl 0.11.4 (transformers 4.46.3) or trl "
         f"1.12 ({e}); its docstring has the commands")
 
-import bench
+from lab import bench
 from model import GPT
 from ppo import PPOConfig
 from reward import ScalarModel

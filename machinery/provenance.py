@@ -1,8 +1,8 @@
 """What made a table: the machine (CPU model, AVX-512, native bf16, cores, threads), the commit,
-the date, the command and its wall time. train.py's report and every results file of ablate.py
-and bench.py end with this line, and their JSON carries it as "made_by".
+the date, the command and its wall time. train.py's report and every results file of lab/ablate.py
+and lab/bench.py end with this line, and their JSON carries it as "made_by".
 
-    python provenance.py       # this machine's line, as a table would carry it
+    python -m machinery.provenance       # this machine's line, as a table would carry it
 
 The commit is the checkout's HEAD, marked "with uncommitted changes" when a tracked file differs
 from it; outside a git checkout it reads "unknown". A stage's code is pinned separately, by the
@@ -12,7 +12,7 @@ Left out: the versions of python and numpy, the GPU's clock and driver.
 import datetime, os, platform, shlex, subprocess, sys
 import torch
 
-from precision import auto_dtype
+from machinery.precision import auto_dtype
 
 
 def cpu_model():
@@ -47,7 +47,11 @@ def commit():
 
 
 def command():
-    """This process's command line, as a user would type it."""
+    """This process's command line, as a user would type it: `python train.py ...`, or `python -m
+    lab.ablate ...` for a module run with -m."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is not None and spec.name not in ("__main__", ""):
+        return "python -m " + shlex.join([spec.name] + sys.argv[1:])
     return "python " + shlex.join([os.path.basename(sys.argv[0])] + sys.argv[1:])
 
 

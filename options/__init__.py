@@ -1,0 +1,6 @@
+"""The options the PPO loop can take, each entered from ppo.train_ppo through one call: a moving
+anchor (anchors.py), a KL limit with rollbacks or an early stop (rollback.py), group baselines
+instead of a critic (grpo.py), and cheaper ways to hold the reference (cheap_ref.py).
+
+With every option at its default, none of them changes what the loop computes.
+"""
