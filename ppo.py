@@ -201,14 +201,13 @@ def make_experience(actor, critic, ref, pen_ref, rm, query, query_mask, response
         if kl_cfg.kl_estimator in FULL:
             batch["ref_logits"] = pen_logits
     # beta: the β the rewards were shaped with; advantages: before whitening (the inspect page);
-    # kl: the estimator, as penalised;
-    # non_score: the penalty the rewards hold; kl_exact: to the frozen reference; kl_pen: the
-    # exact KL to the penalty's reference, what β controls.
+    # kl: the estimator, as penalised; non_score: the penalty the rewards hold (shaped as they
+    # are, with no score); kl_exact: to the frozen reference; kl_pen: the exact KL to the
+    # penalty's reference, what β controls.
     info = dict(beta=beta, scores=scores, reward=reward, gold=gold, truncated=truncated,
-                rewards=rewards,
-                mask=mask, advantages=torch.where(mask, advantages, 0.0),
+                rewards=rewards, mask=mask, advantages=torch.where(mask, advantages, 0.0),
                 kl=torch.where(mask, kl, 0.0),
-                non_score=torch.where(mask, -beta * in_reward, 0.0).sum(1),
+                non_score=shaped_rewards(torch.zeros_like(reward), in_reward, mask, beta).sum(1),
                 kl_exact=(kl_full(logits, ref_logits) * mask).sum(1),
                 kl_pen=(kl_full(logits, pen_logits) * mask).sum(1))
     return batch, info

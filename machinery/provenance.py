@@ -99,5 +99,12 @@ def line(made, what="wall time"):
             f"{made['date']}; {what} {duration(made['seconds'])}.")
 
 
-if __name__ == "__main__":
+def main(argv):
+    if "--help" in argv or "-h" in argv:
+        print(__doc__.strip())
+        sys.exit(0)
     print(line(stamp(0.0), "wall time"))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -10,7 +10,7 @@ import data, ppo, tokenizer, train
 from machinery import store
 from machinery import optim
 from options import anchors, cheap_ref, rollback
-from ref import Reference, load_reference
+from ref import Reference, first_change, load_reference
 from model import response_logits
 from sequences import encode_prompts
 from machinery.state import load_checkpoint
@@ -327,3 +327,51 @@ def test_a_first_rollout_above_kl_max_stops_the_run(tmp_path):
         tiny_loop(tmp_path, "--kl_max=0.01", exact=False)
     assert e.value.code == 2 and "first rollout" in str(e.value) and "--kl_max=0.01" in str(e.value)
     assert not os.path.exists(tmp_path / "metrics.jsonl")
+
+
+# ---- the proof that the reference stayed frozen ----
+def test_first_change_names_the_tensor_against_a_loop_over_every_tensor():
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.LayerNorm(4), torch.nn.BatchNorm1d(4))
+    expected = {k: v.clone() for k, v in m.state_dict().items()}
+    assert first_change(m.state_dict(), expected) is None
+    for name in expected:                                       # each weight and buffer, one at a time
+        changed = {k: v.clone() for k, v in expected.items()}
+        if changed[name].is_floating_point():
+            changed[name].view(-1)[-1] += 1e-7 * (1 + changed[name].view(-1)[-1].abs())
+        else:
+            changed[name] += 1
+        slow = [k for k in expected if not torch.equal(expected[k], changed[k])]
+        assert slow == [name] and name in first_change(changed, expected)
+    widened = dict(expected, **{"0.weight": expected["0.weight"].double()})
+    assert "torch.float64" in first_change(widened, expected)      # the same values in another dtype
+    assert "1.bias" in first_change({k: v for k, v in expected.items() if k != "1.bias"}, expected)
+
+
+@pytest.mark.parametrize("kind, tamper, named", [
+    ("full", lambda m: m.blocks[0].attn.c_attn.weight.data.add_(1e-3), "blocks.0.attn.c_attn.weight"),
+    ("full", lambda m: setattr(m.ln_f, "weight", torch.nn.Parameter(m.ln_f.weight.data.double(),
+                                                                    requires_grad=False)), "ln_f.weight"),
+    ("int8", lambda m: m.blocks[1].mlp[0].codes.add_(1), "blocks.1.mlp.0.codes"),
+    ("lora", lambda m: m.blocks[0].attn.c_proj.base.weight.data.mul_(1.01), "blocks.0.attn.c_proj.base.weight"),
+])
+def test_a_reference_changed_during_ppo_stops_the_run_naming_the_tensor(run, tmp_path, capsys, monkeypatch,
+                                                                          kind, tamper, named):
+    """A weight, a buffer (int8's codes) or a dtype of the reference written to during PPO: the after-PPO check
+    (ref.check_unchanged) stops the run with one line naming the tensor, exit 1, keeps no actor and removes the
+    state a rerun would resume, so the same command redoes PPO."""
+    from test_state import copy_run, refused
+    out = copy_run(run, tmp_path)
+    store.remove(os.path.join(out, "actor.pt"))
+    after = anchors.Anchor.after_update
+
+    def tampering(self, actor, it):
+        if it == 1:
+            tamper(self.frozen.model)
+        return after(self, actor, it)
+    monkeypatch.setattr(anchors.Anchor, "after_update", tampering)
+    extra = ["--ppo_lr=3e-3"] if kind == "lora" else []
+    err = refused(["--preset=smoke", f"--out_dir={out}", "--stage=ppo", f"--ref={kind}", *extra], capsys,
+                  code=1)
+    assert "the reference changed during PPO" in err and named in err
+    assert not os.path.exists(os.path.join(out, "actor.pt")) and not os.path.exists(os.path.join(out, "ppo_state.pt"))
