@@ -20,6 +20,10 @@ alone plans, writes and prints, and runs the other stages while the rest wait. L
 torchrun` comment are the only ones a single process skips past.
 Left out: resuming the preferences and reward stages half way.
 """
+# Ctrl-C while the imports below load torch (seconds) is one line and exit 130.
+if __name__ == "__main__":
+    from machinery.errors import ctrl_c_while_starting
+    ctrl_c_while_starting()
 import dataclasses, os, sys, time
 import torch
 
@@ -30,7 +34,7 @@ from ppo import PPOConfig
 from reward import RewardConfig
 from machinery import dist, store
 from machinery.config import RunConfig, WorldConfig, check, die, parse_args
-from machinery.errors import RunError
+from machinery.errors import RunError, run_main
 from machinery.evaluate import EvalConfig
 from machinery.precision import auto_dtype
 from machinery.pretrain import PretrainConfig
@@ -152,7 +156,7 @@ def run_stages(cfg, upto=None):
     else:
         stages = STAGES[:[s.name for s in STAGES].index(upto) + 1] if upto else STAGES
         todo, kept = plan(stages, cfg.run.stage, out, records, lambda st: stamp(cfg, st),
-                                lambda st: files(cfg, st.outputs))
+                                lambda st, rec: files(cfg, st.outputs, rec["config"]))
     for name in kept:
         print(f"---- stage {name}: done with this config, kept ----")
     if todo and todo[0].name == "world":
@@ -227,4 +231,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    run_main(main, sys.argv[1:])

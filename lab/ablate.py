@@ -45,6 +45,10 @@ evaluation trajectory, fitted as Gao et al. 2022 do (overopt.py).
 Its statistics (bootstrap intervals, paired differences), tables and plots are in tables.py.
 Left out: hyper-parameter search per condition; conditions are compared at one shared budget.
 """
+# Ctrl-C while the imports below load torch (seconds) is one line and exit 130.
+if __name__ == "__main__":
+    from machinery.errors import ctrl_c_while_starting
+    ctrl_c_while_starting()
 import math, multiprocessing, os, shutil, signal, sys, time
 import numpy as np
 import torch
@@ -54,7 +58,7 @@ from kl import KLConfig
 from ppo import PPOConfig
 from machinery import provenance, records, stages, store
 from machinery.config import check_once, override
-from machinery.errors import RunError, die
+from machinery.errors import RunError, die, run_main
 from machinery.evaluate import best_of_k, during_ppo, evaluate_policy, plot_bestofk, sample_texts
 from machinery.precision import autocast
 from machinery.state import load_checkpoint
@@ -238,6 +242,10 @@ def parse(argv):
     cfg = train.parse(rest)
     if cfg.run.seed + opts["seeds"] > 2 ** 31:
         die(f"--seed={cfg.run.seed} with --seeds={opts['seeds']}: a run's seed would be >= 2^31")
+    # The overopt tables fit each run's evaluations: a suite without any would fit nothing.
+    if opts["suite"] == "overopt" and not cfg.eval.eval_every:
+        die("--suite=overopt fits each run's held-out evaluations: --eval_every=0 gives it none "
+            "(leave it out: the suite evaluates every 10 iterations)")
     for d in (cfg.run.out_dir, os.path.join(cfg.run.out_dir, opts["subdir"])):
         if store.not_a_folder(d):
             die(f"--out_dir={cfg.run.out_dir}: {d} {store.not_a_folder(d)}")
@@ -640,4 +648,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    run_main(main, sys.argv[1:])

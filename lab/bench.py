@@ -37,6 +37,10 @@ resumes; --fresh redoes every run of the grid.
 Left out: memory profiles, torch.compile timings (ANSWER.md, "Can the pipeline run in 5 minutes?"),
 multi-GPU.
 """
+# Ctrl-C while the imports below load torch (seconds) is one line and exit 130.
+if __name__ == "__main__":
+    from machinery.errors import ctrl_c_while_starting
+    ctrl_c_while_starting()
 import dataclasses, math, os, shutil, statistics, sys, time
 import torch
 
@@ -48,7 +52,7 @@ from ref import Reference
 from reward import ScalarModel
 from machinery import provenance, records, stages, store
 from machinery.config import check_once, override
-from machinery.errors import RunError, die
+from machinery.errors import RunError, die, run_main
 from machinery.evaluate import step0_kl
 from machinery.optim import StepGuard, adamw, make_optimizers
 from machinery.precision import auto_dtype, autocast, cast_once
@@ -438,4 +442,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    run_main(main, sys.argv[1:])

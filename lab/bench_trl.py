@@ -95,9 +95,13 @@ What differs from TRL 1.12 (read in trl/experimental/ppo/ppo_trainer.py), and wh
   - Attention: transformers' GPT-2 (sdpa) with GELU set to the exact erf form as in tether's model.
 Left out: cuda (TRL is kept on the CPU here), the GPU memory profile.
 """
+# Ctrl-C while the imports below load torch (seconds) is one line and exit 130.
+if __name__ == "__main__":
+    from machinery.errors import ctrl_c_while_starting
+    ctrl_c_while_starting()
 import contextlib, io, os, statistics, sys, tempfile, time, types, warnings
 
-from machinery.errors import die
+from machinery.errors import die, run_main
 
 # The help is the docstring: printed before the imports below, which fail without trl.
 if __name__ == "__main__" and ("--help" in sys.argv or "-h" in sys.argv):
@@ -466,4 +470,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    run_main(main, sys.argv[1:])

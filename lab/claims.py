@@ -11,13 +11,20 @@ A number may differ from the run's by half a unit of its last printed digit (the
 rounding: the same seed on the same machine gives the same numbers), plus --slack (another seed
 or CPU moves them; README says by how much). Each number that differs by more is printed with
 both values, and the exit code is 1; when all agree, one line says so and the exit code is 0.
-Bad input (no table, an unknown or a missing row, a missing report) is one line on stderr, exit 2;
-a number that is not finite in the report always differs.
+Bad input (no table, an unknown or a missing row, a row without one cell per policy, a missing or
+unreadable report, a field that is not a number, a flag given twice, a slack that is not a finite
+number >= 0) is one line on stderr naming the file and the field, exit 2; a number that is not
+finite in the report always differs. A minus sign may be written as prose writes it (−).
 Left out: ANSWER.md's tables (each names the command that made it).
 """
-import json, os, re, sys
+# Ctrl-C while the imports below load torch (seconds) is one line and exit 130.
+if __name__ == "__main__":
+    from machinery.errors import ctrl_c_while_starting
+    ctrl_c_while_starting()
+import json, math, os, re, sys
 
-from machinery.errors import die
+from machinery.config import check_once
+from machinery.errors import die, run_main
 
 # README's row name -> (report.json column, the column of the "± std" part or None).
 ROWS = {"gold score (mean ± std)": ("gold_mean", "gold_std"),
@@ -31,23 +38,29 @@ HEADER = "| metric | pretrained | RLHF actor |"
 POLICIES = ("pretrained", "rlhf")
 
 
-def table_rows(text):
-    """The rows of README's first table under HEADER: [(row name, [cell, cell])]."""
+def table_rows(text, where="README"):
+    """The rows of README's first table under HEADER: [(row name, [cell, cell])]. ValueError naming
+    `where` and the row when a row has not one cell per policy."""
     lines = text.splitlines()
     if HEADER not in lines:
-        raise ValueError(f"no table with the header {HEADER!r}")
+        raise ValueError(f"{where} has no table with the header {HEADER!r}")
     rows = []
     for line in lines[lines.index(HEADER) + 2:]:
         if not line.startswith("|"):
             break
-        cells = [c.strip() for c in line.strip("|").split("|")]
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 1 + len(POLICIES):
+            raise ValueError(f"{where}: the row {cells[0]!r} has {len(cells) - 1} value cells, not "
+                             f"{len(POLICIES)} ({', '.join(POLICIES)})")
         rows.append((cells[0], cells[1:]))
     return rows
 
 
 def numbers(cell):
-    """The numbers of a cell, as printed: "**2.66** ± 1.17" -> ["2.66", "1.17"]."""
-    return re.findall(r"[-+]?\d+(?:\.\d+)?", cell.replace("**", ""))
+    """The numbers of a cell, as printed: "**2.66** ± 1.17" -> ["2.66", "1.17"]; a minus sign
+    (U+2212, as prose writes it) is a minus."""
+    text = cell.replace("**", "").replace("\u2212", "-")
+    return re.findall(r"[-+]?\d+(?:\.\d+)?", text)
 
 
 def allowed(printed, slack):
@@ -57,25 +70,45 @@ def allowed(printed, slack):
     return 0.5 * 10 ** -decimals + slack
 
 
-def differences(text, report, slack=0.0):
-    """(number of values checked, [lines naming each value that differs by more than allowed])."""
+def value(report, policy, column, where):
+    """report[policy][column] as a float; ValueError naming `where` and the field when it is not
+    a number a run writes (missing, null, a list, a string, a boolean, an integer no float holds).
+    NaN and inf pass: they differ from every printed number."""
+    field = f"{policy}.{column}"
+    if not isinstance(report, dict) or not isinstance(report.get(policy), dict):
+        raise ValueError(f"{where} has no {policy!r} section: not a report.json train.py writes")
+    if column not in report[policy]:
+        raise ValueError(f"{where} has no {field}")
+    v = report[policy][column]
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ValueError(f"{where}: {field} is {json.dumps(v)[:40]}, not a number")
+    try:
+        return float(v)
+    except OverflowError:
+        raise ValueError(f"{where}: {field} is an integer of {len(str(v))} digits, too large for a "
+                         "number a run writes") from None
+
+
+def differences(text, report, slack=0.0, where=("README", "report.json")):
+    """(number of values checked, [lines naming each value that differs by more than allowed]).
+    where: the names of the README and the report, for the messages."""
     checked, lines = 0, []
-    rows = table_rows(text)
+    rows = table_rows(text, where[0])
     missing = [name for name in ROWS if name not in [r[0] for r in rows]]
     if missing:
-        raise ValueError(f"the table has no row {missing[0]!r}")
+        raise ValueError(f"{where[0]}'s table has no row {missing[0]!r}")
     for name, cells in rows:
         if name not in ROWS:
-            raise ValueError(f"the table's row {name!r} names no report column (known: "
-                             f"{', '.join(ROWS)})")
+            raise ValueError(f"{where[0]}: the table's row {name!r} names no report column "
+                             f"(known: {', '.join(ROWS)})")
         columns = [c for c in ROWS[name] if c is not None]
         for policy, cell in zip(POLICIES, cells, strict=True):
             printed = numbers(cell)
             if len(printed) != len(columns):
-                raise ValueError(f"row {name!r}, {policy}: {cell!r} has {len(printed)} numbers, "
-                                 f"not {len(columns)}")
+                raise ValueError(f"{where[0]}: row {name!r}, {policy}: {cell!r} has "
+                                 f"{len(printed)} numbers, not {len(columns)}")
             for column, shown in zip(columns, printed):
-                actual = report[policy][column]
+                actual = value(report, policy, column, where[1])
                 checked += 1
                 # A NaN is never within any tolerance.
                 if not abs(float(shown) - actual) <= allowed(shown, slack):
@@ -89,32 +122,46 @@ def parse(argv):
     if "--help" in argv or "-h" in argv:
         print(__doc__.strip())
         sys.exit(0)
+    check_once(argv)
     opts = dict(out_dir="out", readme="README.md", slack="0")
     for a in argv:
-        name, _, value = a[2:].partition("=")
+        name, _, v = a[2:].partition("=")
         if not a.startswith("--") or name not in opts:
-            die(f"unknown flag {a!r} (claims.py takes --out_dir, --readme, --slack)")
-        opts[name] = value
+            die(f"unknown flag {a!r} (lab.claims takes --out_dir, --readme, --slack)")
+        opts[name] = v
     try:
         opts["slack"] = float(opts["slack"])
     except ValueError:
         die(f"bad value for --slack: {opts['slack']!r}")
-    if not opts["slack"] >= 0:
-        die(f"bad value for --slack: {opts['slack']} (must be >= 0)")
+    if not (math.isfinite(opts["slack"]) and opts["slack"] >= 0):
+        die(f"bad value for --slack: {opts['slack']} (must be finite and >= 0)")
     return opts
+
+
+def load(path, what):
+    """A file's text (what: "text") or JSON (what: "json"); ValueError naming the file."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read() if what == "text" else json.load(f)
+    except OSError as e:
+        raise ValueError(f"cannot read {path} ({e.strerror})") from None
+    except RecursionError:
+        raise ValueError(f"{path} nests too deep to be a report") from None
+    except ValueError as e:
+        raise ValueError(f"{path} is not JSON ({e})") from None
 
 
 def main(argv):
     opts = parse(argv)
     report_path = os.path.join(opts["out_dir"], "report.json")
     try:
-        with open(opts["readme"]) as f:
-            text = f.read()
-        with open(report_path) as f:
-            report = json.load(f)
-        checked, lines = differences(text, report, opts["slack"])
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        die(f"claims.py: {type(e).__name__}: {e}")
+        text = load(opts["readme"], "text")
+        report = load(report_path, "json")
+        checked, lines = differences(text, report, opts["slack"], (opts["readme"], report_path))
+    except ValueError as e:
+        die(f"lab.claims: {e}")
+    except KeyboardInterrupt:
+        die("interrupted", 130)
     for line in lines:
         print(line)
     if lines:
@@ -127,4 +174,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    run_main(main, sys.argv[1:])

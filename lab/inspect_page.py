@@ -27,6 +27,10 @@ column (a group advantage would need the prompt's other samples, which the page 
 Left out: advantages for the pretrained model's tokens (the critic judges the actor's policy),
 interactive plots.
 """
+# Ctrl-C while the imports below load torch (seconds) is one line and exit 130.
+if __name__ == "__main__":
+    from machinery.errors import ctrl_c_while_starting
+    ctrl_c_while_starting()
 from dataclasses import dataclass, replace
 import html, os, sys
 import torch
@@ -40,7 +44,7 @@ from reward import gold_scores, load_scalar_model, score as reward_score
 from sequences import encode_prompts, join_tokens, response_mask
 from machinery import records, store
 from machinery.config import arg, check_once, parse_args, print_help
-from machinery.errors import RunError, die
+from machinery.errors import RunError, die, run_main
 from machinery.precision import cast_once
 from machinery.state import load_checkpoint
 
@@ -274,4 +278,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    run_main(main, sys.argv[1:])

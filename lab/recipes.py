@@ -14,12 +14,16 @@ nothing before them. The table gives each run's held-out gold, proxy, KL to the 
 last 10 iterations). A finished recipe run is kept, as train.py keeps a stage.
 Left out: seeds (one run per recipe, seed --seed), recipes in docs/.
 """
+# Ctrl-C while the imports below load torch (seconds) is one line and exit 130.
+if __name__ == "__main__":
+    from machinery.errors import ctrl_c_while_starting
+    ctrl_c_while_starting()
 import glob, os, re, shutil, subprocess, sys
 
 import train
 from machinery import provenance, store
-from machinery.config import check_once
-from machinery.errors import RunError, die
+from machinery.config import check_once, override
+from machinery.errors import RunError, die, run_main
 
 # A diff block of README: its first line names the file, the line and the function.
 BLOCK = re.compile(r"```diff\n(# (\S+):(\d+), in (\w+)\n.*?)```", re.S)
@@ -99,8 +103,8 @@ def run_recipe(name, found, main, folder, flags):
         for n in KEEP:
             if os.path.exists(os.path.join(main, n)):
                 shutil.copy(os.path.join(main, n), os.path.join(out, n))
-        argv = [sys.executable, "train.py", f"--out_dir={os.path.abspath(out)}", *flags,
-                *RECIPES[name][1]]
+        own = [f"--out_dir={os.path.abspath(out)}", *RECIPES[name][1]]
+        argv = [sys.executable, "train.py", *override(flags, own)]
         done = subprocess.run(argv, cwd=code, capture_output=True, text=True)
         if done.returncode != 0:
             why = (done.stderr.strip().splitlines() or ["no message"])[-1]
@@ -156,4 +160,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    run_main(main, sys.argv[1:])

@@ -13,12 +13,16 @@ from where it stopped. The table goes to seeds/seeds.md with the line that says 
 (provenance.py), the numbers to seeds/seeds.json.
 Left out: intervals (three seeds give a range, not a distribution); another CPU (run this there).
 """
+# Ctrl-C while the imports below load torch (seconds) is one line and exit 130.
+if __name__ == "__main__":
+    from machinery.errors import ctrl_c_while_starting
+    ctrl_c_while_starting()
 import os, sys
 
 import train
 from machinery import provenance, store
-from machinery.config import override
-from machinery.errors import RunError, die
+from machinery.config import check_once, override
+from machinery.errors import RunError, die, run_main
 from lab.claims import POLICIES, ROWS
 
 
@@ -28,6 +32,7 @@ def parse(argv):
     if "--help" in argv or "-h" in argv:
         print(__doc__.strip())
         sys.exit(0)
+    check_once(argv)
     seeds, rest = "1337,1338,1339", []
     for a in argv:
         if a.startswith("--seeds="):
@@ -44,9 +49,13 @@ def parse(argv):
     # The whole pipeline, so that each seed has a report to read.
     if cfg.run.stage != "all":
         die(f"seeds.py runs every stage: leave out --stage (got --stage={cfg.run.stage})")
-    # Every seed's flags are checked before any run.
+    # Every seed's flags and folders are checked before any run.
     for seed in picked:
-        train.parse(override(rest, [f"--seed={seed}", f"--out_dir={folder_of(cfg, seed)}"]))
+        folder = folder_of(cfg, seed)
+        train.parse(override(rest, [f"--seed={seed}", f"--out_dir={folder}"]))
+        for d in (folder, os.path.join(cfg.run.out_dir, "seeds")):
+            if store.not_a_folder(d):
+                die(f"--out_dir={cfg.run.out_dir}: {d} {store.not_a_folder(d)}")
     return picked, rest
 
 
@@ -104,7 +113,10 @@ def main(argv):
         try:
             per_seed[seed] = numbers(run_dir)
         except (RunError, KeyError, OSError) as e:
-            die(f"seeds.py: seed {seed}'s run in {run_dir} has no readable report ({e})", 1)
+            die(f"lab.seeds: seed {seed}'s run in {run_dir} has no readable report ({e})", 1)
+        except KeyboardInterrupt:
+            die("interrupted; finished seeds are kept, and the same command goes on from there",
+                130)
     runs = sum(row["seconds (stages summed)"] for row in per_seed.values())
     made = provenance.stamp(runs, device=cfg.run.device)
     text = (f"# The main pipeline under {len(seeds)} seeds\n\n{table(per_seed)}\n"
@@ -117,4 +129,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    run_main(main, sys.argv[1:])

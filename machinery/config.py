@@ -214,6 +214,10 @@ def check(cfg):
     if run.fresh and run.stage != "all":
         die(f"--fresh redoes every stage: use it without --stage (--stage={run.stage} alone "
             "redoes that stage)")
+    e = cfg.eval
+    if e.eval_every > p.ppo_iters:
+        die(f"--eval_every={e.eval_every} is more than --ppo_iters={p.ppo_iters}: it would "
+            "evaluate nothing (0 turns it off)")
     if p.minibatch_size > p.rollout_batch:
         die(f"--minibatch_size={p.minibatch_size} is larger than "
             f"--rollout_batch={p.rollout_batch}")

@@ -100,16 +100,26 @@ def make_record(out_dir, config, inputs, outputs, defaults=None, code=None):
     return rec
 
 
+def damaged_output(out_dir, record, expected=()):
+    """Why the outputs of a record are not as its stage wrote them, in a few words naming the file
+    (missing, changed since, or one of `expected` it never made); None when every one exists with
+    the hash the stage wrote."""
+    for n in expected:
+        if n not in record["outputs"]:
+            return f"it made no {n}"
+    for n, h in record["outputs"].items():
+        p = os.path.join(out_dir, n)
+        if not os.path.exists(p):
+            return f"{n} is missing"
+        if file_hash(p) != h:
+            return f"{n} has changed since it was made"
+    return None
+
+
 def outputs_intact(out_dir, record, expected=()):
     """True when every output the record names, and every one in `expected`, exists with the hash
     the stage wrote."""
-    if not set(expected) <= set(record["outputs"]):
-        return False
-    for n, h in record["outputs"].items():
-        p = os.path.join(out_dir, n)
-        if not os.path.exists(p) or file_hash(p) != h:
-            return False
-    return True
+    return damaged_output(out_dir, record, expected) is None
 
 
 def first_difference(record, stamp):
@@ -151,33 +161,38 @@ def code_difference(record, stamp):
 
 def plan(stages, target, out_dir, records, stamp_of, outputs_of, say=print):
     """Which stages to run, in order, for `target` ("all" or a stage name); and which finished ones
-    are kept. With "all": a stage runs when its outputs (outputs_of(stage), under this config) are
-    missing or damaged, and then every later stage runs too. With a name: that stage runs, and
-    every earlier one must be finished. A finished stage that is kept must have been made with the
-    current config and inputs: else RunError, before anything is written."""
+    are kept. With "all": a stage runs when its outputs (outputs_of(stage, record): those it makes
+    under the config it was made with) are missing or damaged, or its code changed, with one line
+    saying which; then every later stage runs too, unread (its inputs may be gone). With a name:
+    that stage runs, and every earlier one must be finished. A finished stage that is kept must
+    have been made with the current config and inputs: else RunError, before anything is
+    written."""
     todo, kept = [], []
     for st in stages:
+        # Once one stage runs, every later one is made again.
+        if todo and target == "all":
+            todo.append(st)
+            continue
         rec = records.get(st.name)
-        intact = rec is not None and outputs_intact(out_dir, rec, outputs_of(st))
+        why = "not made" if rec is None else damaged_output(out_dir, rec, outputs_of(st, rec))
         # An edit of the code a finished stage ran is never kept silently: with "all", that stage
         # is redone.
-        edited = code_difference(rec, stamp_of(st)) if intact else None
+        edited = code_difference(rec, stamp_of(st)) if why is None else None
         if edited and target == "all":
-            if not todo:
-                say(f"---- stage {st.name}: its code changed since it was made ({edited}): "
-                    "redone ----")
-            intact = False
+            why = f"its code changed since it was made ({edited})"
         elif edited and target != st.name:
             raise RunError(f"stage {st.name} in {out_dir} was made by other code ({edited} "
                            "changed since): python train.py redoes it and what follows (or "
                            f"--stage={st.name})")
-        # Once one stage runs, every later one is made again.
-        if target == st.name or (target == "all" and (todo or not intact)):
+        if target == st.name or (target == "all" and why):
+            # A stage that was made and is made again says why.
+            if target == "all" and rec is not None:
+                say(f"---- stage {st.name}: {why}: redone ----")
             todo.append(st)
             if target == st.name:
                 break
             continue
-        if not intact:
+        if why:
             raise RunError(f"stage {target} needs stage {st.name}'s outputs in {out_dir}: run "
                            f"--stage={st.name} first (or every stage: no --stage)")
         diff = first_difference(rec, stamp_of(st))

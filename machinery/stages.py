@@ -353,16 +353,20 @@ SAMPLE = Stage("sample", stage_sample, ["actor.pt"] + TOK, [], [], None)
 BY_NAME = {s.name: s for s in STAGES + [SAMPLE]}
 
 
-def files(cfg, names):
-    """A stage's files under this config: gpt2's tokenizer is tiktoken's own (no tokenizer.bpe),
-    only PPO with a critic (--advantage=gae) leaves critic.pt, and plots are drawn only where
-    matplotlib is installed."""
+def files(cfg, names, made=None):
+    """A stage's files under this config, or under `made` (the {field: value} config of a record:
+    what that stage made): gpt2's tokenizer is tiktoken's own (no tokenizer.bpe), only PPO with a
+    critic (--advantage=gae) leaves critic.pt, and plots are drawn only where matplotlib is
+    installed."""
+    made = made or {}
     plots = importlib.util.find_spec("matplotlib") is not None
+    tokenizer_kind = made.get("tokenizer", cfg.world.tokenizer)
+    advantage = made.get("advantage", cfg.ppo.advantage)
     out = []
     for n in names:
-        if n == "tokenizer.bpe" and cfg.world.tokenizer != "bpe":
+        if n == "tokenizer.bpe" and tokenizer_kind != "bpe":
             continue
-        if n == "critic.pt" and cfg.ppo.advantage != "gae":
+        if n == "critic.pt" and advantage != "gae":
             continue
         if n.endswith(".png") and not plots:
             continue
@@ -395,6 +399,13 @@ def stamp(cfg, st):
               if f.name in st.fields}
     # The code's defaults, not a preset's.
     defaults = {f.name: f.default for g, f in fields(groups) if f.name in st.fields}
+    # What changes a computing stage's numbers without being one of its fields: torch's threads
+    # (how a matmul's sums are split) and torchrun's processes (each its own sampling noise). A
+    # record from before they were recorded matches any.
+    if st.name not in ("world", "reference"):
+        numeric = dict(threads=torch.get_num_threads(), processes=dist.world())
+        values.update(numeric)
+        defaults.update(numeric)
     inputs = {n: store.file_hash(path(cfg, n)) for n in files(cfg, st.inputs)}
     return dict(config=values, inputs=inputs, defaults=defaults, code=code_of(st))
 

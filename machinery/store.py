@@ -8,7 +8,7 @@ A worker process whose parent is gone writes nothing more (`stop_writing_if_orph
 lab/ablate.py).
 Left out: locking on network file systems, garbage collection of old run folders.
 """
-import contextlib, hashlib, io, json, os, signal, threading
+import contextlib, hashlib, io, json, os, re, signal, threading
 import torch
 
 from machinery.errors import RunError
@@ -212,10 +212,24 @@ def unwritable(folder):
     return None
 
 
+# What a write killed half way leaves (`_atomic`'s temporary name, `unwritable`'s probe).
+STRAY = re.compile(r"(.+\.tmp|\.write_test)\d+")
+
+
+def remove_strays(folder):
+    """The files a writer killed half way left in `folder` (FILE.tmpPID, a probe), removed: called
+    by the one process that holds the folder's lock, so no writer is alive to own them."""
+    for n in os.listdir(folder):
+        if STRAY.fullmatch(n) and os.path.isfile(os.path.join(folder, n)):
+            remove(os.path.join(folder, n))
+
+
 class Lock:
     """An exclusive lock on out_dir/.lock for the life of a run; a second run on the folder stops
-    at once. read_only=True (the sample and inspect stages): a folder where the lock cannot be made
-    (a read-only file system) is read without it, since no run can write there either."""
+    at once. Once it is held, what a killed run's writes left half way is removed (remove_strays).
+    read_only=True (the sample stage, the inspect page): a folder where the lock cannot be made (a
+    read-only file system) is read without it, since no run can write there either; nothing is
+    removed."""
 
     def __init__(self, out_dir, read_only=False):
         self.path = os.path.join(out_dir, ".lock")
@@ -241,6 +255,8 @@ class Lock:
             self.f.close()
             raise RunError(f"another run is using {os.path.dirname(self.path) or '.'} (its lock "
                            f"{self.path} is held): wait for it, or use another --out_dir")
+        if not self.read_only:
+            remove_strays(os.path.dirname(self.path) or ".")
         return self
 
     def __exit__(self, *exc):

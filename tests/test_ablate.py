@@ -466,3 +466,10 @@ def test_a_worker_that_fails_ends_ablate_with_one_line(body, run, tmp_path):
             os.killpg(p.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def test_the_overopt_suite_without_evaluations_is_refused_before_any_work(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        ablate.main(["--suite=overopt", "--eval_every=0", "--preset=smoke", f"--out_dir={tmp_path}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and "--eval_every=0" in err[0] and not os.listdir(tmp_path)

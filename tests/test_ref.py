@@ -348,15 +348,17 @@ def test_first_change_names_the_tensor_against_a_loop_over_every_tensor():
     assert "1.bias" in first_change({k: v for k, v in expected.items() if k != "1.bias"}, expected)
 
 
-@pytest.mark.parametrize("kind, tamper, named", [
-    ("full", lambda m: m.blocks[0].attn.c_attn.weight.data.add_(1e-3), "blocks.0.attn.c_attn.weight"),
+# A dtype changed mid-run would break the next forward: it is changed after the last update.
+@pytest.mark.parametrize("kind, tamper, named, at", [
+    ("full", lambda m: m.blocks[0].attn.c_attn.weight.data.add_(1e-3), "blocks.0.attn.c_attn.weight", 1),
     ("full", lambda m: setattr(m.ln_f, "weight", torch.nn.Parameter(m.ln_f.weight.data.double(),
-                                                                    requires_grad=False)), "ln_f.weight"),
-    ("int8", lambda m: m.blocks[1].mlp[0].codes.add_(1), "blocks.1.mlp.0.codes"),
-    ("lora", lambda m: m.blocks[0].attn.c_proj.base.weight.data.mul_(1.01), "blocks.0.attn.c_proj.base.weight"),
+                                                                    requires_grad=False)), "ln_f.weight", 2),
+    ("int8", lambda m: m.blocks[1].mlp[0].codes.add_(1), "blocks.1.mlp.0.codes", 1),
+    ("lora", lambda m: m.blocks[0].attn.c_proj.base.weight.data.mul_(1.01), "blocks.0.attn.c_proj.base.weight",
+     1),
 ])
 def test_a_reference_changed_during_ppo_stops_the_run_naming_the_tensor(run, tmp_path, capsys, monkeypatch,
-                                                                          kind, tamper, named):
+                                                                          kind, tamper, named, at):
     """A weight, a buffer (int8's codes) or a dtype of the reference written to during PPO: the after-PPO check
     (ref.check_unchanged) stops the run with one line naming the tensor, exit 1, keeps no actor and removes the
     state a rerun would resume, so the same command redoes PPO."""
@@ -366,7 +368,7 @@ def test_a_reference_changed_during_ppo_stops_the_run_naming_the_tensor(run, tmp
     after = anchors.Anchor.after_update
 
     def tampering(self, actor, it):
-        if it == 1:
+        if it == at:
             tamper(self.frozen.model)
         return after(self, actor, it)
     monkeypatch.setattr(anchors.Anchor, "after_update", tampering)

@@ -56,3 +56,28 @@ def test_help_prints_seeds_own_docstring_and_exits_0(capsys):
     out = capsys.readouterr().out
     assert e.value.code == 0 and "python -m lab.seeds --seeds=" in out
     assert "every stage of RLHF" not in out
+
+
+def test_a_repeated_flag_and_a_seeds_folder_that_is_a_file_are_refused_before_any_run(tmp_path, capsys):
+    for argv, why in ((["--seeds=1,2", "--seeds=3"], "--seeds is given twice"),
+                      (["--seeds=1337,1338"], "seeds is a file")):
+        (tmp_path / "seeds").write_text("a file where the seeds' folder goes")
+        with pytest.raises(SystemExit) as e:
+            seeds.main([*argv, "--preset=smoke", f"--out_dir={tmp_path}"])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert e.value.code == 2 and len(err) == 1 and why in err[0], err
+        assert os.listdir(tmp_path) == ["seeds"]
+
+
+def test_ctrl_c_between_seeds_is_one_line_and_exit_130(run, tmp_path, capsys, monkeypatch):
+    out = str(tmp_path / "out")
+    shutil.copytree(run, out)
+
+    def interrupted(run_dir):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(seeds, "numbers", interrupted)
+    # A KeyboardInterrupt that got out would be a traceback for the user (and stop pytest): caught here.
+    with pytest.raises(BaseException) as e:
+        seeds.main(["--seeds=1337", "--preset=smoke", f"--out_dir={out}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.type is SystemExit and e.value.code == 130 and len(err) == 1 and err[0].startswith("error: interrupted")

@@ -114,6 +114,49 @@ def test_a_damaged_output_is_redone_with_the_same_numbers(run, tmp_path):
     assert numbers(out) == numbers(run)
 
 
+# The stage that makes each file.
+MADE_BY = {"tokenizer.bpe": "world", "pretrain.pt": "pretrain", "ref.pt": "reference", "prefs.jsonl": "preferences",
+           "reward.pt": "reward", "actor.pt": "ppo"}
+
+
+@pytest.mark.parametrize("name", sorted(MADE_BY))
+def test_a_deleted_input_is_redone_with_one_line_naming_it(run, tmp_path, capsys, name):
+    """A file a later stage reads, deleted from a finished run: the stage that makes it is redone (and what follows),
+    with one line naming the file, never a traceback from hashing it as a later stage's input."""
+    out = copy_run(run, tmp_path)
+    os.remove(os.path.join(out, name))
+    train.main(SMOKE + [f"--out_dir={out}"])
+    said = capsys.readouterr().out
+    assert f"---- stage {MADE_BY[name]}: {name} is missing: redone ----" in said
+    assert os.path.exists(os.path.join(out, name)) and os.path.exists(os.path.join(out, "report.json"))
+    if name == "ref.pt":
+        assert numbers(out) == numbers(run)
+
+
+def test_a_damaged_output_says_so_as_it_is_redone(run, tmp_path, capsys):
+    out = copy_run(run, tmp_path)
+    with open(os.path.join(out, "reward.pt"), "ab") as f:
+        f.write(b"x")
+    train.main(SMOKE + [f"--out_dir={out}"])
+    assert "---- stage reward: reward.pt has changed since it was made: redone ----" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("kind", ["grpo", "rloo"])
+def test_a_changed_flag_on_a_finished_critic_free_folder_is_refused(run, tmp_path, capsys, kind):
+    """A GRPO or RLOO run leaves no critic.pt: under another --advantage (or any other changed flag) the folder is
+    still a finished run, made with other flags, and is refused like any other; it is never retrained silently."""
+    out = copy_run(run, tmp_path)
+    flags = [f"--advantage={kind}", "--group_size=4"]
+    train.main(SMOKE + [f"--out_dir={out}", "--stage=ppo", *flags])
+    train.main(SMOKE + [f"--out_dir={out}", *flags])
+    before = hashes(out)
+    assert "done with this config, kept" in capsys.readouterr().out
+    for other in ([], [*flags, "--ppo_lr=1e-4"]):
+        err = refused(SMOKE + [f"--out_dir={out}", *other], capsys)
+        assert "stage ppo" in err and ("--advantage=" in err or "--ppo_lr=" in err)
+        assert hashes(out) == before
+
+
 def test_a_second_run_on_the_same_folder_is_refused(run, tmp_path, capsys):
     out = copy_run(run, tmp_path)
     with store.Lock(out):
@@ -315,3 +358,66 @@ def test_inspect_refuses_an_actor_the_ppo_stage_did_not_make(run, tmp_path, caps
 def test_a_bad_preset_is_refused(tmp_path, capsys):
     assert "bad value for --preset" in refused([f"--out_dir={tmp_path}", "--preset=huge"], capsys)
     assert not os.listdir(tmp_path)
+
+
+# ---- Ctrl-C at any moment ----
+CTRL_C_AT_IMPORT = """import builtins, os, runpy, signal, sys
+real = builtins.__import__
+def imp(name, *a, **k):
+    # The first `import torch`: Ctrl-C, from inside the import, as a user's arrives while torch loads.
+    if name == "torch" and not getattr(imp, "sent", False):
+        imp.sent = True
+        os.kill(os.getpid(), signal.SIGINT)
+    return real(name, *a, **k)
+builtins.__import__ = imp
+target = sys.argv[1]
+sys.argv = [target, *sys.argv[2:]]
+if target.endswith(".py"):
+    runpy.run_path(target, run_name="__main__")
+else:
+    runpy.run_module(target, run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+@pytest.mark.parametrize("target", ["train.py", "lab.seeds", "lab.ablate", "lab.bench",
+                                    "lab.inspect_page", "lab.recipes"])
+def test_ctrl_c_while_torch_imports_is_one_line_and_exit_130(target, tmp_path):
+    p = subprocess.run([sys.executable, "-c", CTRL_C_AT_IMPORT, target, f"--out_dir={tmp_path}"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300,
+                       preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert p.returncode == 130 and p.stderr.startswith("error: interrupted") and p.stderr.count("\n") == 1, \
+        (p.returncode, p.stderr)
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_killed_write_leaves_no_temporary_file_after_the_run_that_resumes(run, tmp_path):
+    """kill -9 during a checkpoint's write leaves FILE.tmpPID beside it (store._atomic's name): the next run on the
+    folder, holding its lock, removes it; a file that only looks alike is kept."""
+    out = copy_run(run, tmp_path)
+    for n in ("ppo_state.pt.tmp12345", "pretrain_ckpt.pt.tmp7", ".write_test99"):
+        with open(os.path.join(out, n), "wb") as f:
+            f.write(b"half a checkpoint")
+    keep = os.path.join(out, "notes.tmp")
+    open(keep, "w").write("mine")
+    train.main(SMOKE + [f"--out_dir={out}"])
+    assert not [n for n in os.listdir(out) if store.STRAY.fullmatch(n)] and os.path.exists(keep)
+
+
+def test_eval_every_beyond_the_run_is_refused(tmp_path, capsys):
+    err = refused(SMOKE + [f"--out_dir={tmp_path}", "--eval_every=4"], capsys)
+    assert "--eval_every=4 is more than --ppo_iters=3" in err and not os.listdir(tmp_path)
+
+
+def test_another_thread_count_is_refused_like_a_changed_flag(run, tmp_path, capsys):
+    """torch's thread count changes how a matmul's sums are split, so the numbers (at smoke size pretrain.pt
+    differs between 1 and 2 threads): a folder made under one count is refused under another, not continued."""
+    import torch
+    out = copy_run(run, tmp_path)
+    before = torch.get_num_threads()
+    other = 1 if before > 1 else 2
+    try:
+        err = refused(SMOKE + [f"--out_dir={out}", f"--threads={other}"], capsys)
+    finally:
+        torch.set_num_threads(before)
+    assert f"now --threads={other}" in err and "stage pretrain" in err
