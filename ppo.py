@@ -106,6 +106,17 @@ def compute_gae(rewards, values, mask, gamma, lam):
     return advantages, advantages + values
 
 
+def explained_variance(values, returns, mask):
+    """CleanRL's explained variance of the critic: 1 - Var(returns - values) / Var(returns) over
+    the real tokens (population variances; NaN when the returns do not vary)."""
+    var_returns = masked_mean((returns - masked_mean(returns, mask)) ** 2, mask)
+    residual = returns - values
+    var_residual = masked_mean((residual - masked_mean(residual, mask)) ** 2, mask)
+    if var_returns == 0:
+        return float("nan")
+    return (1 - var_residual / var_returns).item()
+
+
 def policy_loss(logprobs, old_logprobs, advantages, mask, cliprange):
     """Clipped surrogate. All (B, R). Returns the loss and (clipfrac, approxkl, ratio mean) for
     logging."""
@@ -203,10 +214,12 @@ def make_experience(actor, critic, ref, pen_ref, rm, query, query_mask, response
     # beta: the β the rewards were shaped with; advantages: before whitening (the inspect page);
     # kl: the estimator, as penalised; non_score: the penalty the rewards hold (shaped as they
     # are, with no score); kl_exact: to the frozen reference; kl_pen: the exact KL to the
-    # penalty's reference, what β controls.
+    # penalty's reference, what β controls; neg_logprob: each response's -log π_θ_old, summed.
     info = dict(beta=beta, scores=scores, reward=reward, gold=gold, truncated=truncated,
                 rewards=rewards, mask=mask, advantages=torch.where(mask, advantages, 0.0),
                 kl=torch.where(mask, kl, 0.0),
+                neg_logprob=-torch.where(mask, old_logprobs, 0.0).sum(1),
+                explained_variance=explained_variance(values, returns, mask),
                 non_score=shaped_rewards(torch.zeros_like(reward), in_reward, mask, beta).sum(1),
                 kl_exact=(kl_full(logits, ref_logits) * mask).sum(1),
                 kl_pen=(kl_full(logits, pen_logits) * mask).sum(1))
@@ -311,27 +324,35 @@ def ppo_update(actor, critic, opts, guards, batch, cfg, temperature, beta=0.0, k
                           ptx_loss=ptx_loss)
             for k, v in logged.items():
                 stats[k].append(v.item())
-    return {k: sum(v) / len(v) for k, v in stats.items()}
+    means = {k: sum(v) / len(v) for k, v in stats.items()}
+    # TRL's val/ratio_var: the variance over the minibatches of each one's mean ratio.
+    means["ratio_var"] = 0.0
+    if len(stats["ratio"]) > 1:
+        means["ratio_var"] = torch.tensor(stats["ratio"]).var().item()
+    return means
 
 
-def metrics_row(it, info, stats, guards, limit, seconds, elapsed):
-    """Iteration it's metrics, named as TRL names them (objective/, policy/, loss/, val/, time/).
-    info["kl_before_rollback"]: the first rollout's KL (the one --kl_max judged, even if it was
-    redone)."""
+def metrics_row(it, info, stats, guards, limit, lr, episode, seconds, elapsed):
+    """Iteration it's metrics. A name TRL's PPOTrainer also logs measures TRL's quantity; the rest
+    are tether's (docs/outputs.md has each with its formula). info["kl_before_rollback"]: the first
+    rollout's KL (the one --kl_max judged, even if it was redone); episode: responses so far."""
     mask = info["mask"]
     n_tok = mask.sum().item()
     n_responses = mask.size(0)
     return {"iter": it + 1,
-            "objective/kl": info["kl_exact"].mean().item(),
+            "episode": episode,
+            "lr": lr,
+            "objective/kl": info["kl"].sum(1).mean().item(),
+            "objective/kl_exact": info["kl_exact"].mean().item(),
             "objective/kl_penalized": info["kl_pen"].mean().item(),
-            "objective/kl_estimate": info["kl"].sum(1).mean().item(),
             "objective/kl_coef": info["beta"],
             "objective/scores": info["scores"].mean().item(),
             "objective/gold": info["gold"].mean().item(),
             "objective/non_score_reward": info["non_score"].mean().item(),
             "objective/rlhf_reward": (info["reward"] + info["non_score"]).mean().item(),
             "objective/missing_eos": info["truncated"].float().mean().item(),
-            "objective/entropy": stats["entropy"],
+            "objective/entropy": info["neg_logprob"].mean().item(),
+            "policy/entropy_avg": stats["entropy"],
             "policy/clipfrac_avg": stats["clipfrac"],
             "policy/approxkl_avg": stats["approxkl"],
             "policy/ratio_dev_first": stats["ratio_dev_first"],
@@ -344,6 +365,8 @@ def metrics_row(it, info, stats, guards, limit, seconds, elapsed):
             "loss/ptx_avg": stats["ptx_loss"],
             "val/clipfrac_avg": stats["vf_clipfrac"],
             "val/ratio": stats["ratio"],
+            "val/ratio_var": stats["ratio_var"],
+            "val/explained_variance": info["explained_variance"],
             "val/num_eos_tokens": (~info["truncated"]).float().sum().item(),
             "val/response_length": n_tok / n_responses,
             "time/tokens_per_second": n_tok / seconds,
@@ -351,7 +374,7 @@ def metrics_row(it, info, stats, guards, limit, seconds, elapsed):
 
 
 # torchrun: how each metric is reduced over the ranks (the rest: the mean).
-SAME = ("iter", "objective/kl_coef", "policy/skipped_updates")
+SAME = ("iter", "episode", "lr", "objective/kl_coef", "policy/skipped_updates")
 SUMMED = ("val/num_eos_tokens", "time/tokens_per_second")
 MAXED = ("policy/ratio_dev_first",)
 
@@ -359,8 +382,8 @@ MAXED = ("policy/ratio_dev_first",)
 def log_line(row, n_iters, eta):
     """The line printed after each iteration (README explains it)."""
     return (f"iter {row['iter']}/{n_iters} | rm {row['objective/scores']:+.2f} | "
-            f"gold {row['objective/gold']:+.2f} | kl {row['objective/kl']:.2f} | "
-            f"β {row['objective/kl_coef']:.4f} | ent {row['objective/entropy']:.2f} | "
+            f"gold {row['objective/gold']:+.2f} | kl {row['objective/kl_exact']:.2f} | "
+            f"β {row['objective/kl_coef']:.4f} | ent {row['policy/entropy_avg']:.2f} | "
             f"clip {row['policy/clipfrac_avg']:.3f} | "
             f"approxkl {row['policy/approxkl_avg']:.4f} | vf {row['loss/value_avg']:.3f} | "
             f"len {row['val/response_length']:.1f} | "
@@ -433,7 +456,8 @@ def train_ppo(actor, critic, ref, rm, enc, prompts, cfg, run_dir, stamp, log=say
         # 4. β, fed this rollout's exact KL to the penalty's reference (the same on every rank)
         kl_ctl.update(dist.all_reduce(info["kl_pen"].mean().item(), "mean"), pc.rollout_batch)
         # 5. log
-        row = metrics_row(it, info, stats, guards, limit, time.time() - t_it, time.time() - t0)
+        row = metrics_row(it, info, stats, guards, limit, opts[0].param_groups[0]["lr"],
+                          (it + 1) * pc.rollout_batch, time.time() - t_it, time.time() - t0)
         # --eval_every: the updated actor on held-out prompts, from a random stream of its own.
         if evaluate.due(cfg.eval, it):
             row.update(evaluate.during_ppo(actor, enc, heldout, run, ref, rm, cfg.eval))

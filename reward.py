@@ -14,7 +14,7 @@ under bf16.
 (prefs.jsonl).
 Left out: ensembles, margin losses, reward-model uncertainty.
 """
-import copy, random
+import copy, random, time
 from dataclasses import dataclass, asdict
 import numpy as np
 import torch
@@ -43,14 +43,16 @@ class RewardConfig:
 
 
 @torch.no_grad()
-def make_preferences(model, enc, prompts, n_pairs, run, batch=500):
+def make_preferences(model, enc, prompts, n_pairs, run, batch=500, log=print):
     """n_pairs rows: a random prompt, two responses of the model (text and prompt + response token
     ids), the annotator's noisy label (0: a preferred) and both gold scores. Randomness: run.seed
-    and torch's generator."""
+    and torch's generator. After each batch a line to `log`: pairs so far, pairs per second, the
+    time left."""
     model.eval()
     rng = random.Random(run.seed)
     chosen = [rng.choice(prompts) for _ in range(n_pairs)]
     rows = []
+    t0 = time.time()
     for i in range(0, n_pairs, batch):
         # Each prompt twice in a row: two samples per prompt.
         twice = [p for p in chosen[i:i + batch] for _ in range(2)]
@@ -68,6 +70,10 @@ def make_preferences(model, enc, prompts, n_pairs, run, batch=500):
             rows.append(dict(prompt=p, a=a, b=b, label=data.label_pair(p, a, b, rng),
                              gold_a=data.gold_score(p, a), gold_b=data.gold_score(p, b),
                              tokens_a=toks[j], tokens_b=toks[j + 1]))
+        rate = len(rows) / max(time.time() - t0, 1e-9)
+        eta = (n_pairs - len(rows)) / rate
+        log(f"preferences: {len(rows)}/{n_pairs} pairs | {rate:.0f} pairs/s | "
+            f"eta {int(eta // 60)}m{int(eta % 60):02d}s")
     return rows
 
 
@@ -147,10 +153,28 @@ def bt_loss(r_chosen, r_rejected):
     return -F.logsigmoid(r_chosen - r_rejected).mean()
 
 
+@torch.no_grad()
+def held_out(rm, val, pad_id):
+    """The Bradley-Terry loss and accuracies of rm on the held-out pairs `val` (against the noisy
+    labels and, where the gold scores differ, the gold order), in eval mode; rm's mode is put back
+    after."""
+    was_training = rm.training
+    rm.eval()
+    rc = score(rm, [p["chosen"] for p in val], pad_id)
+    rr = score(rm, [p["rejected"] for p in val], pad_id)
+    rm.train(was_training)
+    diffs = [p["gold_chosen"] - p["gold_rejected"] for p in val]
+    gold_diff = torch.tensor(diffs, device=rc.device)
+    decided = gold_diff != 0
+    return dict(val_loss=bt_loss(rc, rr).item(), acc_noisy=(rc > rr).float().mean().item(),
+                acc_gold=((rc - rr)[decided] * gold_diff[decided] > 0).float().mean().item())
+
+
 def train_reward_model(lm, pairs, cfg, pad_id, seed=0, log=print):
     """pairs: list of dicts with token lists `chosen`, `rejected` and gold scores `gold_chosen`,
-    `gold_rejected`. Returns (ScalarModel, stats) with held-out accuracy against the noisy labels
-    and against the gold order."""
+    `gold_rejected`. Returns (ScalarModel, stats with the held-out accuracy against the noisy
+    labels and against the gold order, rows: one per step, each epoch's last with the held-out
+    numbers)."""
     rng = np.random.default_rng(seed)
     order = rng.permutation(len(pairs))
     n_val = max(1, int(len(pairs) * cfg.rm_val_frac))
@@ -164,6 +188,7 @@ def train_reward_model(lm, pairs, cfg, pad_id, seed=0, log=print):
     # The learning rate decays linearly.
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 - s / max(1, steps))
     guard = StepGuard("reward model training")
+    rows = []
     longest = np.array([max(len(p["chosen"]), len(p["rejected"])) for p in tr])
     for epoch in range(cfg.rm_epochs):
         # Batches of pairs of about the same length (little padding), in random order; ties are
@@ -173,6 +198,7 @@ def train_reward_model(lm, pairs, cfg, pad_id, seed=0, log=print):
         batches = [perm[i:i + cfg.rm_batch_size] for i in range(0, len(tr), cfg.rm_batch_size)]
         losses = []
         for b in rng.permutation(len(batches)):
+            lr = sched.get_last_lr()[0]
             # Under torchrun: a share for every rank, or no step anywhere.
             if len(batches[b]) < dist.world():
                 continue
@@ -183,25 +209,26 @@ def train_reward_model(lm, pairs, cfg, pad_id, seed=0, log=print):
             guard.backward_and_step(loss, opt, list(rm.parameters()), 1.0)
             sched.step()
             losses.append(loss.item())
-        log(f"reward model epoch {epoch + 1}/{cfg.rm_epochs}: bt loss {np.mean(losses):.3f}")
+            accuracy = (r[:len(mb)] > r[len(mb):]).float().mean().item()
+            rows.append(dict(step=len(rows) + 1, epoch=epoch + 1, loss=losses[-1],
+                             accuracy=accuracy, lr=lr))
+        # The held-out pairs after each epoch; after the last, the numbers reward.json keeps.
+        rows[-1].update(held_out(rm, val, pad_id))
+        log(f"reward model epoch {epoch + 1}/{cfg.rm_epochs}: bt loss {np.mean(losses):.3f}, "
+            f"held-out {rows[-1]['val_loss']:.3f} (accuracy {rows[-1]['acc_noisy']:.1%})")
     rm.eval()
     with torch.no_grad():
-        rc = score(rm, [p["chosen"] for p in val], pad_id)
-        rr = score(rm, [p["rejected"] for p in val], pad_id)
-        diffs = [p["gold_chosen"] - p["gold_rejected"] for p in val]
-        gold_diff = torch.tensor(diffs, device=rc.device)
-        decided = gold_diff != 0
         all_scores = score(rm, [s for p in pairs for s in (p["chosen"], p["rejected"])], pad_id)
     # Normalise on the pretrained policy's samples.
     rm.gain.fill_(1.0 / all_scores.std().clamp(min=1e-6).item())
     rm.bias.fill_(-all_scores.mean().item() * rm.gain.item())
     agree = [(p["gold_chosen"] > p["gold_rejected"]) for p in pairs
              if p["gold_chosen"] != p["gold_rejected"]]
-    stats = dict(n_train=len(tr), n_val=len(val), val_loss=bt_loss(rc, rr).item(),
-                 acc_noisy=(rc > rr).float().mean().item(), skipped_updates=guard.skipped,
-                 acc_gold=((rc - rr)[decided] * gold_diff[decided] > 0).float().mean().item(),
-                 annotator_agreement=float(np.mean(agree)))
-    return rm, stats
+    final = {k: rows[-1][k] for k in ("val_loss", "acc_noisy", "acc_gold")}
+    stats = dict(n_train=len(tr), n_val=len(val), val_loss=final["val_loss"],
+                 acc_noisy=final["acc_noisy"], skipped_updates=guard.skipped,
+                 acc_gold=final["acc_gold"], annotator_agreement=float(np.mean(agree)))
+    return rm, stats, rows
 
 
 def save_scalar_model(model, path, **extra):

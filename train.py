@@ -2,9 +2,10 @@
 
     python train.py                   # every stage not done yet (world, pretrain, ..., ppo, report)
     python train.py --stage=pretrain  # redo one stage, removing what later stages made from it
-    python train.py --stage=sample --prompt='review: the nova pro phone\\n'  # the RLHF actor alone
     python train.py --preset=smoke    # everything tiny, seconds (the tests use it)
+    python train.py --config=out/config.json --out_dir=again   # a run again, from its record
     python train.py --help            # every config field, overridable as --name=value
+    python sample.py                  # then: the RLHF actor answers held-out prompts
 
 Each stage writes into out_dir and records in stages.json the config fields and input files it was
 made from; a later run that differs stops with one line (or, with --stage=NAME, redoes that stage).
@@ -39,8 +40,8 @@ from machinery.evaluate import EvalConfig
 from machinery.precision import auto_dtype
 from machinery.pretrain import PretrainConfig
 from machinery.records import load_records, make_record, plan, records_path
-from machinery.stages import (BY_NAME, SAMPLE, STAGES, build_world_aside, files, load_timings,
-                              path, run_stage, stamp, world_ok)
+from machinery.stages import (BY_NAME, STAGES, build_world_aside, files, load_timings, path,
+                              run_stage, stamp, world_ok)
 from options import anchors, cheap_ref, grpo, rollback
 from options.anchors import AnchorConfig
 from options.cheap_ref import RefConfig
@@ -99,9 +100,9 @@ def follow_stages(cfg):
 
 
 def check_finished(cfg, what, inputs):
-    """A command that reads a finished run (the sample stage, lab/inspect_page.py) needs its input
-    files, and a world made with this --tokenizer. RunError otherwise, before anything is made (not
-    even the folder). what: the command, for the message."""
+    """A command that reads a finished run with train.py's flags (lab/inspect_page.py) needs its
+    input files, and a world made with this --tokenizer. RunError otherwise, before anything is made
+    (not even the folder). what: the command, for the message."""
     out = cfg.run.out_dir
     missing = [n for n in files(cfg, inputs) if not os.path.exists(path(cfg, n))]
     if missing:
@@ -115,28 +116,29 @@ def check_finished(cfg, what, inputs):
                        f"{cfg.world.tokenizer}: {what} reads that world's tokens")
 
 
-def open_folder(cfg, read_only=None, writes=True):
-    """out_dir checked before any work: a folder (made here unless `read_only`), writable when the
-    command `writes`; read_only: (what, inputs) of a command that reads a finished run
-    (check_finished). Bad input: one line, exit 2. Returns the run lock (store.Lock), to hold."""
+def open_folder(cfg, reads=None):
+    """out_dir checked before any work: a folder (made here unless `reads`), writable; reads:
+    (what, inputs) of a command that reads a finished run (check_finished). Bad input: one line,
+    exit 2. Returns the run lock (store.Lock), to hold."""
     out = cfg.run.out_dir
     if store.not_a_folder(out):
         die(f"--out_dir={out} {store.not_a_folder(out)}")
-    # A read-only command on a folder without a finished run makes nothing, not even the folder.
-    if read_only:
-        check_finished(cfg, *read_only)
+    # A command that reads a finished run makes nothing in a folder without one, not even it.
+    if reads:
+        check_finished(cfg, *reads)
     try:
         os.makedirs(out, exist_ok=True)
     except OSError as e:
         die(f"--out_dir={out} cannot be made ({e.strerror})")
-    if writes and store.unwritable(out):
+    if store.unwritable(out):
         die(f"--out_dir={out} is not writable ({store.unwritable(out)}): use a folder this "
             "process may write, or another --out_dir")
-    return store.Lock(out, read_only=not writes)
+    return store.Lock(out)
 
 
 def run_stages(cfg, upto=None):
-    """Check the state of out_dir, then run what is missing or asked for. Returns {stage: seconds}.
+    """Check the state of out_dir, then run what is missing or asked for (upto: the stages up to
+    that one only). Returns {stage: seconds}.
     Every check comes before anything is removed: the flags, the records, and the world's lengths (a
     world to be made is built aside and checked first)."""
     # torchrun: the other ranks follow rank 0's plan.
@@ -149,26 +151,22 @@ def run_stages(cfg, upto=None):
     timings = {} if cfg.run.fresh else load_timings(cfg, notes)
     for line in notes:
         print(line)
-    # Nothing recorded by a read-only stage; config.json is left as it is.
-    read_only = cfg.run.stage == "sample"
-    if read_only:
-        todo, kept = [BY_NAME[cfg.run.stage]], []
-    else:
-        stages = STAGES[:[s.name for s in STAGES].index(upto) + 1] if upto else STAGES
-        todo, kept = plan(stages, cfg.run.stage, out, records, lambda st: stamp(cfg, st),
-                                lambda st, rec: files(cfg, st.outputs, rec["config"]))
+    stages = STAGES[:[s.name for s in STAGES].index(upto) + 1] if upto else STAGES
+    todo, kept = plan(stages, cfg.run.stage, out, records, lambda st: stamp(cfg, st),
+                      lambda st, rec: files(cfg, st.outputs, rec["config"]))
     for name in kept:
         print(f"---- stage {name}: done with this config, kept ----")
     if todo and todo[0].name == "world":
         build_world_aside(cfg)
     else:
-        world_ok(cfg, corpus=todo != [SAMPLE])
+        world_ok(cfg)
     if cfg.run.fresh:
         made = [n for st in STAGES for n in st.outputs + [st.partial] if n]
         for n in made + ["stages.json", "timings.json"]:
             store.remove(path(cfg, n))
-    # The config the recorded stages were made with.
-    if not read_only:
+    # The config the recorded stages were made with (--config reads it back). A command that runs
+    # the stages up to one (lab/ablate.py's bases) leaves the later ones, and config.json, alone.
+    if upto is None:
         resolved = {g: dataclasses.asdict(c) for g, c in vars(cfg).items()}
         store.save_json(path(cfg, "config.json"), resolved)
     # torchrun: the plan, to the other ranks.
@@ -206,6 +204,7 @@ def main(argv):
     # What autocast leaves in fp32 may use TF32 on CUDA.
     if cfg.run.dtype == "bf16":
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+
     assert set(RunConfig.__dataclass_fields__["stage"].metadata["choices"]) == {"all", *BY_NAME}
     if cfg.run.threads:
         torch.set_num_threads(cfg.run.threads)
@@ -213,10 +212,7 @@ def main(argv):
         # torchrun: rank 0 checks the folder and holds the lock.
         if not dist.is_main():
             return run_stages(cfg)
-        sample = cfg.run.stage == "sample"
-        reads = ("stage sample", SAMPLE.inputs) if sample else None
-        # Only the sample stage writes nothing: every other command must be able to write here.
-        with open_folder(cfg, read_only=reads, writes=not sample):
+        with open_folder(cfg):
             return run_stages(cfg)
     except RunError as e:
         # torchrun: one line, from rank 0 (errors.die).

@@ -63,13 +63,23 @@ ANCHOR = GPTConfig(block_size=64, vocab_size=1024, n_layer=4, n_head=4, n_embd=1
 B, TP, R, EPOCHS, MINIBATCH = 64, 16, 32, 4, 16
 
 
-def timed(fn, repeats):
-    """Median seconds of fn() over `repeats` calls, after one warm-up call."""
+def sync(device):
+    """Wait until the device has done what was queued: CUDA runs kernels after the call returns,
+    so a clock read before this reads the launch, not the work. Nothing on the CPU."""
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize(device)
+
+
+def timed(fn, repeats, device="cpu"):
+    """Median seconds of fn() over `repeats` calls, after one warm-up call; the device is synced
+    before each clock is read."""
     fn()
     times = []
     for _ in range(repeats):
+        sync(device)
         t = time.perf_counter()
         fn()
+        sync(device)
         times.append(time.perf_counter() - t)
     return statistics.median(times)
 
@@ -77,8 +87,7 @@ def timed(fn, repeats):
 def matmul_flops(dtype, device, n=1024, repeats=5):
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    return 2 * n ** 3 / timed(lambda: (a @ b, sync()), repeats)
+    return 2 * n ** 3 / timed(lambda: a @ b, repeats, device)
 
 
 def forward_flops_per_token(cfg, context, lm_head=True):
@@ -132,7 +141,7 @@ def ppo_anchor(device, dtype="fp32"):
 def bench_ppo(device, repeats, dtype="fp32"):
     """The anchor's PPO iteration, each phase timed on its own (ppo_anchor), and the update's
     FLOPs."""
-    t = {name: timed(fn, repeats) for name, fn in ppo_anchor(device, dtype).items()}
+    t = {name: timed(fn, repeats, device) for name, fn in ppo_anchor(device, dtype).items()}
     # One forward over prompt + response.
     tokens = B * (TP + R - 1)
     # The mean attention span.
@@ -169,7 +178,7 @@ def bench_minibatch_order(device, repeats):
 
         def update():
             return ppo_update(actor, critic, opts, guards, batch, cfg, 1.0, 0.05, KLConfig())
-        out[f"update_{order}_s"] = timed(update, repeats)
+        out[f"update_{order}_s"] = timed(update, repeats, device)
         torch.manual_seed(0)
         pieces = [p for _ in range(EPOCHS) for p in minibatches(lengths, MINIBATCH, order)]
         # The real response positions, over EPOCHS epochs, and the positions the update forwards.
@@ -193,7 +202,7 @@ def bench_pretrain(device, repeats, dtype="fp32", batch=32):
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-    return batch * cfg.block_size / timed(step, repeats)
+    return batch * cfg.block_size / timed(step, repeats, device)
 
 
 def bench_rollout(device, repeats):
@@ -208,8 +217,8 @@ def bench_rollout(device, repeats):
         for _ in range(R):
             logits = actor(idx)[0][:, -1]
             idx = torch.cat([idx, torch.multinomial(torch.softmax(logits, -1), 1)], 1)
-    cached = timed(lambda: actor.generate(q, R, 1.0), repeats)
-    return B * R / cached, B * R / timed(no_cache, repeats)
+    cached = timed(lambda: actor.generate(q, R, 1.0), repeats, device)
+    return B * R / cached, B * R / timed(no_cache, repeats, device)
 
 
 def bench_refs(argv):

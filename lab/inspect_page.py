@@ -269,7 +269,7 @@ def main(argv):
     if cfg.run.threads:
         torch.set_num_threads(cfg.run.threads)
     try:
-        with train.open_folder(cfg, read_only=("the inspect page", INPUTS)):
+        with train.open_folder(cfg, reads=("the inspect page", INPUTS)):
             write_inspect(cfg, page)
     except RunError as e:
         die(str(e), e.code)

@@ -2,19 +2,21 @@
 
     python train.py --help           # every field with its default, its rule and what it does
     python train.py --preset=smoke   # a preset sets many fields at once; flags after it still win
+    python train.py --config=out/config.json --out_dir=again   # a run again, from its own record
 
 Each config dataclass lives beside the code it configures (GPTConfig in model.py, RewardConfig in
-reward.py, KLConfig in kl.py, PPOConfig in ppo.py, PretrainConfig in pretrain.py, RefConfig in
-cheap_ref.py, AnchorConfig in anchors.py, RollbackConfig in rollback.py, EvalConfig in evaluate.py,
-InspectConfig in inspect_page.py); the run and world ones live here. A field is declared with
+reward.py, KLConfig in kl.py, PPOConfig in ppo.py, PretrainConfig and EvalConfig in machinery/,
+RefConfig, AnchorConfig and RollbackConfig in options/, InspectConfig in lab/inspect_page.py); the
+run and world ones live here. A field is declared with
 `arg(default, rule, help, choices)`, so its range sits next to it. Bad input is one line on stderr
 and exit code 2, before anything is written (`die`); failures found later are `RunError`s, printed
 the same way by train.py (both in errors.py). Checks that need another file (dist, cheap_ref,
 anchors, rollback, kl, grpo, tokenizer) run in train.py's `parse`, which also resolves
 --dtype=auto (precision.auto_dtype).
-Left out: config files, environment variables, nested or list-valued flags.
+Left out: config files of other formats than a run's config.json, environment variables, nested or
+list-valued flags.
 """
-import dataclasses, math, sys
+import dataclasses, difflib, json, math, sys
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -42,15 +44,19 @@ class RunConfig:
     out_dir: str = arg("out", help="folder for every stage's outputs")
     stage: str = arg("all", help="every stage not done yet, or one stage (stages.STAGES)",
                      choices=["all", "world", "pretrain", "reference", "preferences", "reward",
-                              "ppo", "report", "sample"])
+                              "ppo", "report"])
     fresh: bool = arg(False, help="delete every output in out_dir and redo every stage")
     preset: str = arg("default", help="default, smoke (seconds; the tests use it), gpu (one GPU, "
                       "about 10 minutes)", choices=["default", "smoke", "gpu"])
     seed: int = arg(1337, "[0,2^31)", "numpy takes seeds in [0, 2^32); the stages add small "
                     "offsets (+1, +2, lab/ablate.py's seed + k)")
-    device: str = arg("auto", help="auto (cuda when available), cpu or cuda",
-                      choices=["auto", "cpu", "cuda"])
+    device: str = arg("auto", help="auto (cuda when available), cpu, cuda or mps (Apple's GPU; "
+                      "untested)", choices=["auto", "cpu", "cuda", "mps"])
     threads: int = arg(0, ">=0", "torch CPU threads; 0 = torch's default")
+    deterministic: bool = arg(False, help="PyTorch's deterministic algorithms "
+                              "(torch.use_deterministic_algorithms; on CUDA also cuDNN's and "
+                              "cuBLAS's): one seed, one set of numbers on a GPU too, at some cost "
+                              "in speed; the CPU's kernels are deterministic already")
     dtype: str = arg("fp32", help="precision of every forward: fp32, bf16 autocast (fp32 weights "
                      "and optimizer, each weight cast once per step; TF32 for what stays fp32 on "
                      "CUDA), or auto: bf16 where the device multiplies bf16 natively, else fp32 "
@@ -61,8 +67,6 @@ class RunConfig:
                              "anyway and fp32 log-probs lose precision")
     response_length: int = arg(64, ">0", "most response tokens sampled; prompt + response must "
                                "fit block_size")
-    prompt: str = arg("", help=r"sample stage: your own prompt, e.g. "
-                      r"'review: the nova pro phone\n'")
 
 
 @dataclass
@@ -127,6 +131,8 @@ def _convert(f, text):
 
 def print_help(doc, groups):
     print(doc)
+    print("  --config=FILE  a run's config.json: every field it holds, a preset and the other "
+          "flags winning over it")
     for g, c in groups.items():
         print(f"{c.__name__}:")
         for _, f in fields({g: c}):
@@ -139,10 +145,56 @@ def print_help(doc, groups):
             print(f"  --{f.name}={f.default}{rule}  {m.get('help', '')}".rstrip())
 
 
-def parse_args(argv, groups, doc=""):
-    """--name=value flags -> SimpleNamespace(run=RunConfig(...), ...).
+# How a command runs, not what a run is: a --config file never sets them.
+NOT_FROM_FILE = ("stage", "fresh")
 
-    Bad input: one line, exit 2."""
+
+def _from_file(f, v, where):
+    """A config file's value for field f, checked against the field's type; one line naming the
+    file and the field, exit 2, when it is not of it."""
+    kind = {"int": int, "float": float, "str": str, "bool": bool}.get(f.type, f.type)
+    ok = isinstance(v, kind) and not (kind is int and isinstance(v, bool))
+    # JSON writes a whole float as an integer.
+    if kind is float and isinstance(v, int) and not isinstance(v, bool):
+        v, ok = float(v), True
+    if not ok or (kind is float and not math.isfinite(v)):
+        die(f"{where}: {f.name} is {v!r}, not a finite {kind.__name__}")
+    return v
+
+
+def config_file(path, groups):
+    """{field: value} of a run's config.json (the resolved config train.py writes beside its
+    stages), every field but NOT_FROM_FILE and the ones no flag sets. Bad input (an unreadable
+    file, a field this code has no flag for, a value of the wrong type): one line, exit 2."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except OSError as e:
+        die(f"--config={path}: cannot read it ({e.strerror})")
+    except (ValueError, RecursionError):
+        die(f"--config={path}: not a JSON config (a run's config.json)")
+    if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
+        die(f"--config={path}: not a config (a run's config.json: {{group: {{field: value}}}})")
+    by_name = {f.name: f for _, f in fields(groups)}
+    values = {}
+    for group, given in data.items():
+        for name, v in given.items():
+            skipped = group in groups and (groups[group].__name__, name) in SKIP
+            if name in NOT_FROM_FILE or skipped:
+                continue
+            if name not in by_name:
+                die(f"--config={path}: {group}.{name} is no flag of this code (renamed or removed "
+                    "since the run?)")
+            values[name] = _from_file(by_name[name], v, f"--config={path}")
+    return values
+
+
+def parse_args(argv, groups, doc=""):
+    """--name=value flags -> SimpleNamespace(run=RunConfig(...), ...). --config=FILE (a run's
+    config.json) sets every field it holds first; a preset, then the other flags, win over it.
+
+    Bad input: one line, exit 2: a flag written with a space before its value gets the way to
+    write it, an unknown flag the closest known name."""
     by_name = {}
     for g, f in fields(groups):
         assert f.name not in by_name, f"two config fields named {f.name}"
@@ -151,23 +203,37 @@ def parse_args(argv, groups, doc=""):
         print_help(doc, groups)
         sys.exit(0)
     check_once(argv)
-    values = {}
-    for a in argv:
-        name, _, text = a[2:].partition("=")
+    values, from_file = {}, {}
+    for i, a in enumerate(argv):
+        name, eq, text = a[2:].partition("=")
+        if a.startswith("--") and name == "config":
+            from_file = config_file(text, groups)
+            continue
         if not a.startswith("--") or name not in by_name:
-            die(f"unknown flag {a!r} (--help lists them)")
+            close = difflib.get_close_matches(name if a.startswith("--") else a, list(by_name),
+                                              n=1)
+            hint = f"did you mean --{close[0]}? " if close else ""
+            die(f"unknown flag {a!r} ({hint}--help lists them)")
+        kind = getattr(by_name[name].type, "__name__", by_name[name].type)
+        if not eq and kind not in (bool, "bool"):
+            after = argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("--") else None
+            example = f"--{name}={after}" if after is not None else f"--{name}=VALUE"
+            die(f"--{name} has no value: write {example} (the flag and its value are one word, "
+                "joined by '=')")
         try:
             values[name] = _convert(by_name[name], text)
         except ValueError:
-            kind = getattr(by_name[name].type, "__name__", by_name[name].type)
             if kind in (bool, "bool"):
                 die(f"bad value for --{name}: {text!r} (a boolean flag takes true, false, 1 or 0)")
             die(f"bad value for --{name}: {text!r} is not a finite {kind}")
-    preset = values.get("preset", "default")
+    preset = values.get("preset", from_file.get("preset", "default"))
     if preset not in PRESETS:
         die(f"bad value for --preset: {preset!r} (choose {', '.join(PRESETS)})")
-    # Flags win over the preset.
-    values = {**PRESETS[preset], **values}
+    # A preset given as a flag wins over the file; the other flags win over both.
+    base = {**PRESETS[preset], **from_file}
+    if "preset" in values:
+        base = {**from_file, **PRESETS[preset]}
+    values = {**base, **values}
     if "prompt" in values:
         # A shell passes \n as two characters.
         values["prompt"] = values["prompt"].replace("\\n", "\n")
@@ -226,6 +292,8 @@ def check(cfg):
             f"--block_size={g.block_size}")
     if run.device == "cuda" and not torch.cuda.is_available():
         die("--device=cuda but torch sees no CUDA device here (use --device=cpu or auto)")
+    if run.device == "mps" and not torch.backends.mps.is_available():
+        die("--device=mps but torch sees no MPS device here (use --device=cpu or auto)")
     if run.device == "auto":
         run.device = "cuda" if torch.cuda.is_available() else "cpu"
 

@@ -64,4 +64,8 @@ def run_main(main, argv):
         code = main(argv)
     except KeyboardInterrupt:
         die("interrupted; what was saved is kept, and the same command goes on from there", 130)
+    except BrokenPipeError:
+        # The reader of the output has gone (`| head`): nothing more to say, and nowhere to say it.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(0)
     sys.exit(code if isinstance(code, int) else 0)

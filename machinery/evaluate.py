@@ -222,6 +222,29 @@ def write_report(path_md, res, samples, n_eval, temperature, timings, made_by=""
     return text
 
 
+def plot_curves(rows, train_key, held_out_key, title, png, x="iter"):
+    """A training curve: rows[train_key] at every step and rows[held_out_key] where a row has one
+    (pretraining's validation loss, the reward model's held-out loss), against rows[x] (skipped
+    without matplotlib)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    train = [r[train_key] for r in rows]
+    ax.plot([r[x] for r in rows], train, lw=0.8, label=f"{train_key} (train)")
+    held = [r for r in rows if held_out_key in r]
+    ax.plot([r[x] for r in held], [r[held_out_key] for r in held], marker="o", label=held_out_key)
+    ax.set_xlabel(x)
+    ax.set_title(title, fontsize=9)
+    ax.legend()
+    fig.tight_layout()
+    store.save_figure(fig, png)
+    plt.close(fig)
+
+
 def plot_metrics(rows, png):
     """Proxy and gold score, and KL to the reference, per PPO iteration (skipped without
     matplotlib)."""
@@ -238,7 +261,7 @@ def plot_metrics(rows, png):
     a.set_xlabel("PPO iteration")
     a.set_ylabel("score")
     a.legend()
-    b.plot(it, [r["objective/kl"] for r in rows], color="C3")
+    b.plot(it, [r["objective/kl_exact"] for r in rows], color="C3")
     # The rollouts undone by --kl_max: the iterations where the count of rollbacks went up.
     undone = [(r["iter"], r["policy/kl_before_rollback"]) for p, r in zip([{}] + rows, rows)
               if r.get("policy/rollbacks", 0) > p.get("policy/rollbacks", 0)]

@@ -12,7 +12,7 @@ through `linears_in_bf16`, its matmul weights cast once, not at every forward. -
 where the device multiplies bf16 natively (`auto_dtype`), else fp32.
 Left out: fp16 with loss scaling, fp8, bf16 optimizer states.
 """
-import contextlib, copy
+import contextlib, copy, os
 import torch
 import torch.nn as nn
 
@@ -81,10 +81,22 @@ def linears_in_bf16(model):
     return copied
 
 
+def deterministic():
+    """--deterministic: PyTorch's deterministic algorithms (an op without one raises), and on CUDA
+    cuBLAS's fixed workspace (read when its first handle is made, so set before any CUDA work) and
+    cuDNN without autotuning. The CPU's kernels are deterministic already."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+
+
 def auto_dtype(device):
     """--dtype=auto on `device` (cpu or cuda): (bf16 or fp32, why). bf16 where the hardware
     multiplies bf16 natively: a CUDA device with bf16 units (not emulated), a CPU with AVX512-BF16
     or AMX-BF16 (x86) or BF16 (ARM); elsewhere bf16 matmuls are emulated, slower than fp32."""
+    if device.startswith("mps"):
+        return "fp32", "bf16 on Apple's GPU is not measured here"
     if device.startswith("cuda"):
         if torch.cuda.is_bf16_supported(including_emulation=False):
             return "bf16", "the CUDA device has bf16 units"

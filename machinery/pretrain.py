@@ -58,8 +58,8 @@ def fmt_time(s):
 
 def train_gpt(cfg, stamp, n_vocab, bins, ckpt_path):
     """A GPT of cfg.gpt (vocabulary n_vocab) trained on the token files bins = {"train": path,
-    "val": path}; resumes from ckpt_path when its stamp matches. Returns (model, log of
-    validation rows, seconds, skipped updates)."""
+    "val": path}; resumes from ckpt_path when its stamp matches. Returns (model, log: a row per
+    step, with the validation loss every eval_interval, seconds, skipped updates)."""
     run, pt = cfg.run, cfg.pretrain
     gcfg = replace(cfg.gpt, vocab_size=n_vocab)
     splits = {k: np.memmap(p, dtype=np.uint16, mode="r") for k, p in bins.items()}
@@ -99,9 +99,12 @@ def train_gpt(cfg, stamp, n_vocab, bins, ckpt_path):
             g["lr"] = optim.scheduled_lr(it, pt, g["peak_lr"], g["min_lr"])
         _, loss = fwd(*get_batch("train"))
         guard.backward_and_step(loss, opt, list(model.parameters()), pt.grad_clip)
+        # One row per step (pretrain_metrics.jsonl); an evaluation adds the validation loss.
+        row = dict(iter=it + 1, loss=dist.all_reduce(loss.item(), "mean"), lr=lr,
+                   elapsed=time.time() - t0)
+        log.append(row)
         if (it + 1) % pt.eval_interval == 0 or it + 1 == pt.max_iters:
-            loss_now = dist.all_reduce(loss.item(), "mean")
-            log.append(dict(iter=it + 1, loss=loss_now, val_loss=val_loss(), lr=lr))
+            row["val_loss"] = val_loss()
             dt = time.time() - t0
             speed = (it + 1 - start) * tokens / (dt - seconds) / 1e3
             eta = (dt - seconds) / (it + 1 - start) * (pt.max_iters - it - 1)

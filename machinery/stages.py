@@ -6,7 +6,7 @@ and writes.
     python train.py --stage=pretrain  # one stage
 Each stage is a function `stage_NAME(cfg, stamp)` that reads its inputs from out_dir and writes its
 outputs there: world, pretrain, reference, preferences, reward, ppo (`run_ppo`, used by
-lab/ablate.py too; the loop is ppo.train_ppo), report, and the read-only sample.
+lab/ablate.py too; the loop is ppo.train_ppo), report. Sampling a finished run is sample.py's.
 The stage table is STAGES, at the bottom: each stage's input and output files and the config fields
 that shape its outputs; `stamp` is what a stage's outputs are made from, which train.py records in
 stages.json and compares on the next run.
@@ -29,8 +29,9 @@ from machinery import dist, provenance, records, store
 from machinery.config import WorldConfig, check_world, fields
 from machinery.errors import RunError
 from machinery.evaluate import (EvalConfig, best_of_k, evaluate_policy, judge_texts,
-                                plot_bestofk, plot_metrics, sample_texts, step0_kl, write_report)
-from machinery.precision import autocast
+                                plot_bestofk, plot_curves, plot_metrics, sample_texts, step0_kl,
+                                write_report)
+from machinery.precision import autocast, deterministic
 from machinery.pretrain import PretrainConfig, fmt_time, train_gpt
 from machinery.state import load_checkpoint, save_checkpoint
 from options import cheap_ref
@@ -117,9 +118,13 @@ def stage_pretrain(cfg, stamp):
     texts = sample_texts(model, enc, prompts, run)
     stats, _ = judge_texts(prompts, texts)
     tokens = pt.max_iters * pt.batch_size * cfg.gpt.block_size
+    # pretrain.json keeps the evaluations; pretrain_metrics.jsonl and its plot every step.
+    evals = [{k: r[k] for k in ("iter", "loss", "val_loss", "lr")} for r in log if "val_loss" in r]
     out = dict(val_loss=log[-1]["val_loss"], **stats, seconds=seconds, skipped_updates=skipped,
-               tokens_per_second=tokens / seconds, log=log)
+               tokens_per_second=tokens / seconds, log=evals)
     store.save_json(path(cfg, "pretrain.json"), out)
+    store.save_json(path(cfg, "pretrain_metrics.jsonl"), log, lines=True)
+    plot_curves(log, "loss", "val_loss", "pretraining: next-token loss", path(cfg, "pretrain.png"))
     for p, r in list(zip(prompts, texts))[:3]:
         print(f"  [{data.gold_score(p, r):+.2f}] {p.strip()} | {r}")
     print(f"pretrain: val loss {out['val_loss']:.3f}, well-formed {out['wellformed_rate']:.0%} "
@@ -142,7 +147,7 @@ def stage_preferences(cfg, stamp):
     enc = tokenizer.load_tokenizer(run.out_dir, cfg.world.tokenizer)
     model, _ = load_checkpoint(path(cfg, "pretrain.pt"), run.device)
     prompts = data.load_prompts(run.out_dir)["train"]
-    rows = make_preferences(model, enc, prompts, cfg.reward.n_pairs, run)
+    rows = make_preferences(model, enc, prompts, cfg.reward.n_pairs, run, log=say)
     store.save_json(path(cfg, "prefs.jsonl"), rows, lines=True)
     decided = [r for r in rows if r["gold_a"] != r["gold_b"]]
     agrees = [(r["label"] == 0) == (r["gold_a"] > r["gold_b"]) for r in decided]
@@ -168,12 +173,15 @@ def stage_reward(cfg, stamp):
             pair = dict(chosen=r["tokens_b"], rejected=r["tokens_a"], gold_chosen=r["gold_b"],
                         gold_rejected=r["gold_a"])
         pairs.append(pair)
-    rm, stats = train_reward_model(lm, pairs, cfg.reward, enc.eot_token, seed=run.seed)
+    rm, stats, rows = train_reward_model(lm, pairs, cfg.reward, enc.eot_token, seed=run.seed)
     # torchrun: rank 0 writes.
     if not dist.is_main():
         return
     save_scalar_model(rm, path(cfg, "reward.pt"))
     store.save_json(path(cfg, "reward.json"), stats)
+    store.save_json(path(cfg, "reward_metrics.jsonl"), rows, lines=True)
+    plot_curves(rows, "loss", "val_loss", "reward model: Bradley-Terry loss",
+                path(cfg, "reward.png"), x="step")
     print(f"reward model: held-out accuracy {stats['acc_noisy']:.1%} against the noisy labels, "
           f"{stats['acc_gold']:.1%} against the gold order ({stats['n_val']} pairs; the annotator "
           f"itself agrees with gold on {stats['annotator_agreement']:.1%})")
@@ -244,7 +252,7 @@ def run_ppo(cfg, base, run_dir, stamp, log=say):
                           pass_gold_hard=cfg.eval.pass_gold_hard),
         gold_norm=dict(mean=gold_norm[0], std=gold_norm[1]),
         # The entropy over the last 10 iterations.
-        entropy=float(np.mean([r["objective/entropy"] for r in metrics[-10:]])),
+        entropy=float(np.mean([r["policy/entropy_avg"] for r in metrics[-10:]])),
         critic_bytes=0 if critic is None else 16 * sum(p.numel() for p in critic.parameters()))
     # With --ref=full the run's own reference is the full one, so its KL is final's; an exact
     # reference's KL at step 0 is 0, checked at the first rollout.
@@ -308,16 +316,6 @@ def stage_report(cfg, stamp):
     store.save_json(path(cfg, "report.json"), dict(res, seconds=timings, made_by=made))
 
 
-# ---- stage: sample (the actor alone, no reference needed) ----
-def stage_sample(cfg, stamp):
-    run = cfg.run
-    enc = tokenizer.load_tokenizer(run.out_dir, cfg.world.tokenizer)
-    actor, _ = load_checkpoint(path(cfg, "actor.pt"), run.device)
-    prompts = [run.prompt] if run.prompt else data.load_prompts(run.out_dir)["heldout"][:8]
-    for p, r in zip(prompts, sample_texts(actor, enc, prompts, run)):
-        print(f"[gold {data.gold_score(p, r):+.2f}] {p.strip()} | {r}")
-
-
 # ---- the stage table: what each stage reads, writes, and which config fields shape its outputs
 Stage = namedtuple("Stage", "name fn inputs outputs fields partial")
 
@@ -326,7 +324,7 @@ def _names(*groups):
     return [f.name for g in groups for _, f in fields({"g": g})]
 
 
-_SAMPLING = ["seed", "temperature", "response_length", "dtype"]
+_SAMPLING = ["seed", "temperature", "response_length", "dtype", "deterministic"]
 WORLD = ["world.json", "train.txt", "val.txt", "train.bin", "val.bin", "tokenizer.bpe",
          "prompts.json"]
 TOK = ["tokenizer.bpe", "prompts.json"]
@@ -334,12 +332,14 @@ _PPO_FIELDS = _names(KLConfig, PPOConfig, RefConfig, AnchorConfig, RollbackConfi
 STAGES = [
     Stage("world", stage_world, [], WORLD, ["seed"] + _names(WorldConfig), None),
     Stage("pretrain", stage_pretrain, ["train.bin", "val.bin"] + TOK,
-          ["pretrain.pt", "pretrain.json"], _SAMPLING + _names(GPTConfig, PretrainConfig),
+          ["pretrain.pt", "pretrain.json", "pretrain_metrics.jsonl", "pretrain.png"],
+          _SAMPLING + _names(GPTConfig, PretrainConfig),
           "pretrain_ckpt.pt"),
     Stage("reference", stage_reference, ["pretrain.pt"], ["ref.pt"], [], None),
     Stage("preferences", stage_preferences, ["pretrain.pt"] + TOK, ["prefs.jsonl"],
           _SAMPLING + ["n_pairs"], None),
-    Stage("reward", stage_reward, ["pretrain.pt", "prefs.jsonl"], ["reward.pt", "reward.json"],
+    Stage("reward", stage_reward, ["pretrain.pt", "prefs.jsonl"],
+          ["reward.pt", "reward.json", "reward_metrics.jsonl", "reward.png"],
           ["seed", "dtype"] + _names(RewardConfig), None),
     # train.bin: ptx's windows; prefs.jsonl: the gold scores' normaliser. critic.pt: gae only.
     Stage("ppo", stage_ppo,
@@ -349,8 +349,7 @@ STAGES = [
     Stage("report", stage_report, ["pretrain.pt", "actor.pt", "ref.pt", "reward.pt"] + TOK,
           ["report.md", "report.json", "bestofk.png"], _SAMPLING + _names(EvalConfig), None),
 ]
-SAMPLE = Stage("sample", stage_sample, ["actor.pt"] + TOK, [], [], None)
-BY_NAME = {s.name: s for s in STAGES + [SAMPLE]}
+BY_NAME = {s.name: s for s in STAGES}
 
 
 def files(cfg, names, made=None):
@@ -375,9 +374,12 @@ def files(cfg, names, made=None):
 
 
 def run_stage(cfg, st, stamp, **kw):
-    """Stage `st` as train.py and lab/ablate.py run it: every generator seeded from --seed, then its
-    function under the run's precision (a no-op under fp32; under bf16 autocast takes every forward
-    of the stage: precision.py). kw: run_ppo's, for lab/ablate.py's runs."""
+    """Stage `st` as train.py and lab/ablate.py run it: --deterministic's switch, every generator
+    seeded from --seed, then its function under the run's precision (a no-op under fp32; under bf16
+    autocast takes every forward of the stage: precision.py). kw: run_ppo's, for lab/ablate.py's
+    runs."""
+    if cfg.run.deterministic:
+        deterministic()
     seed_everything(cfg.run.seed)
     with autocast(cfg.run.device, cfg.run.dtype):
         return st.fn(cfg, stamp, **kw)
@@ -411,13 +413,11 @@ def stamp(cfg, st):
 
 
 def world_ok(cfg, corpus=True, folder=None):
-    """config.check_world with the world's tokenizer, prompts (and --prompt) and token files, in
+    """config.check_world with the world's tokenizer, prompts and token files, in
     out_dir or in `folder` (a world built aside)."""
     folder = folder or cfg.run.out_dir
     enc = tokenizer.load_tokenizer(folder, cfg.world.tokenizer)
     prompts = sum(data.load_prompts(folder).values(), [])
-    if cfg.run.prompt:
-        prompts = prompts + [cfg.run.prompt]
     sizes = {}
     if corpus:
         sizes = {s: os.path.getsize(os.path.join(folder, f"{s}.bin")) // 2

@@ -227,24 +227,19 @@ def remove_strays(folder):
 class Lock:
     """An exclusive lock on out_dir/.lock for the life of a run; a second run on the folder stops
     at once. Once it is held, what a killed run's writes left half way is removed (remove_strays).
-    read_only=True (the sample stage, the inspect page): a folder where the lock cannot be made (a
-    read-only file system) is read without it, since no run can write there either; nothing is
-    removed."""
+    sample.py, which writes nothing, takes no lock."""
 
-    def __init__(self, out_dir, read_only=False):
+    def __init__(self, out_dir):
         self.path = os.path.join(out_dir, ".lock")
-        self.read_only = read_only
         self.f = None
 
     def __enter__(self):
         try:
             self.f = open(self.path, "a+")
         except OSError as e:
-            if not self.read_only:
-                raise RunError(f"cannot write in {os.path.dirname(self.path) or '.'} "
-                               f"({e.strerror}: its lock {self.path}): use a folder this process "
-                               "may write, or another --out_dir")
-            return self
+            raise RunError(f"cannot write in {os.path.dirname(self.path) or '.'} "
+                           f"({e.strerror}: its lock {self.path}): use a folder this process "
+                           "may write, or another --out_dir")
         try:
             import fcntl
             fcntl.flock(self.f, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -255,8 +250,7 @@ class Lock:
             self.f.close()
             raise RunError(f"another run is using {os.path.dirname(self.path) or '.'} (its lock "
                            f"{self.path} is held): wait for it, or use another --out_dir")
-        if not self.read_only:
-            remove_strays(os.path.dirname(self.path) or ".")
+        remove_strays(os.path.dirname(self.path) or ".")
         return self
 
     def __exit__(self, *exc):

@@ -49,8 +49,8 @@ def test_sync_moves_a_copy_and_resume_keeps_it_and_the_ptx_stream(run, tmp_path)
         if v.is_floating_point():
             torch.testing.assert_close(v, 0.3 * s["actor"][k] + 0.7 * ref[k], atol=1e-6, rtol=1e-5)
     assert any(not torch.equal(v, ref[k]) for k, v in s["pen_ref"].items())
-    assert rows[1]["objective/kl_penalized"] == pytest.approx(rows[1]["objective/kl"], rel=1e-6)  # not yet moved
-    assert rows[2]["objective/kl_penalized"] < 0.9 * rows[2]["objective/kl"]                    # moved at 2
+    assert rows[1]["objective/kl_penalized"] == pytest.approx(rows[1]["objective/kl_exact"], rel=1e-6)  # not yet moved
+    assert rows[2]["objective/kl_penalized"] < 0.9 * rows[2]["objective/kl_exact"]                    # moved at 2
     assert all(r["loss/ptx_avg"] > 0 for r in rows) and summary["reference_unchanged"] is True
 
     again, resumed = stopped_at_3_and_resumed(run, tmp_path / "b", *SYNC)
@@ -59,8 +59,8 @@ def test_sync_moves_a_copy_and_resume_keeps_it_and_the_ptx_stream(run, tmp_path)
 
 def test_reset_makes_the_kl_to_the_anchor_zero_right_after(run, tmp_path):
     _, rows = ppo_run(run, tmp_path, "--ref_update=reset", "--ref_reset_every=2", "--ppo_iters=3")
-    assert rows[1]["objective/kl_penalized"] == pytest.approx(rows[1]["objective/kl"], rel=1e-6)
-    assert rows[2]["objective/kl_penalized"] == 0.0 and rows[2]["objective/kl"] > 0
+    assert rows[1]["objective/kl_penalized"] == pytest.approx(rows[1]["objective/kl_exact"], rel=1e-6)
+    assert rows[2]["objective/kl_penalized"] == 0.0 and rows[2]["objective/kl_exact"] > 0
 
 
 def sgd_step(actor, critic, batch, cfg, ptx_batch):

@@ -230,7 +230,7 @@ def test_torchrun_runs_every_stage_and_writes_what_one_process_writes(run, tmp_p
     recs = store.load_json(os.path.join(out, "stages.json"))
     assert all(records.outputs_intact(out, recs[st.name]) for st in stages.STAGES)
     rows = store.load_json(os.path.join(out, "metrics.jsonl"), lines=True)
-    assert len(rows) == 2 and rows[0]["objective/kl"] == 0 and rows[1]["objective/kl"] > 0
+    assert len(rows) == 2 and rows[0]["objective/kl_exact"] == 0 and rows[1]["objective/kl_exact"] > 0
     assert all(r["policy/ratio_dev_first"] < 1e-5 for r in rows)           # old log-probs: each rank's own policy
     cfg = train.parse(["--preset=smoke"])                                  # β moved for all 16 rollouts, not 8
     e = min(max(rows[0]["objective/kl_penalized"] / cfg.kl.kl_target - 1, -0.2), 0.2)

@@ -147,7 +147,7 @@ def test_train_ppo_without_a_critic_samples_groups_and_saves_no_critic(tmp_path,
     monkeypatch.setattr(optim, "make_optimizers", lambda *a: opts_made.append(make_opts(*a)) or opts_made[-1])
     rows, _ = ppo.train_ppo(actor, None, Reference(ref_model), rm, Letters(), ["abc", "de", "fghij", "k"], cfg,
                             str(tmp_path), dict(test=1), log=lambda s: None, gold_norm=(-4.0, 2.0))
-    assert len(rows) == 2 and rows[0]["objective/kl"] == 0 and rows[0]["loss/value_avg"] == 0
+    assert len(rows) == 2 and rows[0]["objective/kl_exact"] == 0 and rows[0]["loss/value_avg"] == 0
     for a in seen:
         critic, q = a["critic"], a["query"]
         assert critic is None

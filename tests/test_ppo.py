@@ -316,3 +316,34 @@ def test_reward_model_keeps_the_first_rm_layers_blocks_of_a_copy():
     with torch.no_grad():
         next(two.parameters()).add_(1.0)                        # a copy: training it leaves the language model alone
     assert torch.equal(next(lm.parameters()), next(other.parameters()))
+
+
+def test_metrics_shared_with_trl_are_trl_s_quantities_by_hand():
+    """On a tiny batch (left padding, one early end, one truncated row, temperature 0.7), metrics_row against each
+    response scored alone: objective/entropy is TRL's -Σ_t log π_θ_old(y_t) per response, averaged (not the
+    per-token entropy, which is policy/entropy_avg); objective/kl is TRL's Σ_t (log π_θ_old - log π_ref) per
+    response, averaged; val/explained_variance is CleanRL's 1 - Var(G - V)/Var(G) over the real tokens."""
+    actor, ref, critic, rm, prompts, q, qm, resp = tiny()
+    T, cfg, k = 0.7, ppo.PPOConfig(), KLConfig(kl_estimator="k1")
+    batch, info = ppo.make_experience(actor, critic, ref, ref, rm, q, qm, resp, EOS, 0.3, k, cfg, T)
+    stats = dict(entropy=1.0, clipfrac=0.0, approxkl=0.0, ratio_dev_first=0.0, pg_loss=0.0, vf_loss=0.0,
+                 kl_loss=0.0, ptx_loss=0.0, vf_clipfrac=0.0, ratio=1.0, ratio_var=0.0)
+    info = dict(info, kl_before_rollback=0.0, gold=torch.zeros(len(prompts)))
+    guards = (StepGuard("a"), StepGuard("c"))
+    row = ppo.metrics_row(0, info, stats, guards, None, 5e-5, 4, 1.0, 2.0)
+    entropies, kls, values, returns = [], [], [], []
+    for b, p in enumerate(prompts):
+        r = resp[b].tolist()
+        n = r.index(EOS) + 1 if EOS in r else len(r)
+        logp = slow_row(actor, p, r[:n], T)
+        logp_ref = slow_row(ref.model, p, r[:n], T)
+        entropies.append(-logp.sum().item())
+        kls.append((logp - logp_ref).sum().item())
+        values += batch["values"][b, :n].tolist()
+        returns += batch["returns"][b, :n].tolist()
+    values, returns = torch.tensor(values, dtype=torch.float64), torch.tensor(returns, dtype=torch.float64)
+    explained = 1 - (returns - values).var(unbiased=False) / returns.var(unbiased=False)
+    assert row["objective/entropy"] == pytest.approx(sum(entropies) / len(entropies), rel=1e-5)
+    assert row["objective/kl"] == pytest.approx(sum(kls) / len(kls), rel=1e-4, abs=1e-5)
+    assert row["val/explained_variance"] == pytest.approx(explained.item(), rel=1e-4, abs=1e-5)
+    assert row["policy/entropy_avg"] == 1.0 and row["episode"] == 4 and row["lr"] == 5e-5

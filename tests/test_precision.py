@@ -186,7 +186,7 @@ def test_bf16_ppo_starts_exactly_at_the_reference_with_ratio_one(run, tmp_path):
         rows, _ = ppo.train_ppo(actor, critic, ref, rm, enc, data.load_prompts(run)["train"], cfg, str(tmp_path),
                                 stages.stamp(cfg, stages.BY_NAME["ppo"]), log=lambda s: None)
     assert ref.cast is not None                                        # the reference scored through its copy
-    assert rows[0]["objective/kl"] == 0.0 and rows[1]["objective/kl"] > 0
+    assert rows[0]["objective/kl_exact"] == 0.0 and rows[1]["objective/kl_exact"] > 0
     assert [r["policy/ratio_dev_first"] for r in rows] == [0.0, 0.0]
 
 

@@ -135,7 +135,7 @@ def test_lora_reference_is_the_pretrained_model_bit_for_bit_before_and_after_ppo
     actor, ref = made[0]
     assert ref.model is actor and torch.equal(ref.logits(q, qm, resp, 1.0), expect)      # after PPO, bit for bit
     assert not torch.equal(response_logits(actor, q, qm, resp, 1.0), expect)            # while the actor moved
-    assert rows[0]["objective/kl"] == 0.0 and rows[-1]["objective/kl"] > 0               # it starts exactly there
+    assert rows[0]["objective/kl_exact"] == 0.0 and rows[-1]["objective/kl_exact"] > 0               # it starts exactly there
     assert summary["reference_unchanged"] and summary["ref"]["bytes"] == 0
     trained = {n for n, p in actor.named_parameters() if p.requires_grad}
     assert trained and all("lora_" in n for n in trained)            # only the adapters are trained
@@ -152,7 +152,7 @@ def test_shared_blocks_get_no_gradient_and_never_move(run, tmp_path, monkeypatch
     made = capture(monkeypatch)
     summary, rows = ppo_run(run, tmp_path, "--ref=shared_1", "--ppo_lr=3e-3", "--ppo_iters=2", "--n_eval=8")
     actor, ref = made[0]
-    assert rows[0]["objective/kl"] == 0.0 and rows[-1]["objective/kl"] > 0 and summary["reference_unchanged"]
+    assert rows[0]["objective/kl_exact"] == 0.0 and rows[-1]["objective/kl_exact"] > 0 and summary["reference_unchanged"]
     for name in ["wte", "wpe", "blocks.0"]:                          # shared: one tensor, no gradient, unchanged
         mod_a, mod_r = actor.get_submodule(name), ref.model.get_submodule(name)
         for (k, pa), pr in zip(mod_a.named_parameters(), mod_r.parameters()):
@@ -167,7 +167,7 @@ def test_shared_blocks_get_no_gradient_and_never_move(run, tmp_path, monkeypatch
 
 def test_half_reference_starts_near_but_not_at_zero(run, tmp_path):
     summary, rows = ppo_run(run, tmp_path, "--ref=bf16", "--ppo_iters=1", "--n_eval=8")
-    assert 0 < rows[0]["objective/kl"] < 0.05                        # the rollout's exact KL to the bf16 copy
+    assert 0 < rows[0]["objective/kl_exact"] < 0.05                        # the rollout's exact KL to the bf16 copy
     r = summary["ref"]
     assert 0 < r["kl_step0"] < 0.05 and r["kl_own_ref"] != summary["final"]["kl"]   # final: to the fp32 reference
 
@@ -201,7 +201,7 @@ def excursion(run, tmp_path_factory):
     the KL of its 2nd and 3rd rollouts, recording what each restore leaves in the models."""
     out = tmp_path_factory.mktemp("rollback")
     _, free = ppo_run(run, out / "free", *FLAGS)
-    k = [r["objective/kl"] for r in free]
+    k = [r["objective/kl_exact"] for r in free]
     assert k[1] < k[2]
     kl_max = (k[1] + k[2]) / 2                                       # iteration 3's rollout is above, 2's below
     good = state_after(run, out / "good", 1, *FLAGS)                 # the state iteration 2 started from
@@ -222,7 +222,7 @@ def excursion(run, tmp_path_factory):
 def test_rollback_restores_the_last_state_under_the_limit_bit_for_bit(excursion):
     k, kl_max, good, rows = excursion["k"], excursion["kl_max"], excursion["good"], excursion["rows"]
     assert [r["policy/rollbacks"] for r in rows][:3] == [0, 0, 1] and excursion["summary"]["ref"]["rollbacks"] >= 1
-    assert [r["objective/kl"] for r in rows[:2]] == k[:2]             # identical until the excursion
+    assert [r["objective/kl_exact"] for r in rows[:2]] == k[:2]             # identical until the excursion
     actor, critic, opts, beta = excursion["restored"][0]
     assert actor.keys() == good["actor"].keys() and all(torch.equal(actor[n], good["actor"][n]) for n in actor)
     assert all(torch.equal(critic[n], good["critic"][n]) for n in critic)
@@ -230,7 +230,7 @@ def test_rollback_restores_the_last_state_under_the_limit_bit_for_bit(excursion)
         assert o["state"].keys() == g["state"].keys()
         assert all(torch.equal(o["state"][i][s], g["state"][i][s]) for i in o["state"] for s in o["state"][i])
     assert beta == pytest.approx(3 * good["kl_ctl"]["value"]) and rows[2]["objective/kl_coef"] == beta
-    assert rows[2]["objective/kl"] < kl_max                          # the redone rollout is from the good state
+    assert rows[2]["objective/kl_exact"] < kl_max                          # the redone rollout is from the good state
 
 
 def test_restores_in_a_row_to_one_state_keep_raising_beta():
@@ -301,9 +301,9 @@ def test_a_restore_brings_back_the_moving_anchor_and_logs_the_kl_it_undid(tmp_pa
     assert same(calls[3][0], calls[1][0]) and same(calls[3][1], calls[1][1])     # actor and anchor: call 2's
     assert not same(calls[2][1], calls[1][1])                        # the anchor had moved: a real restore
     assert rows[2]["policy/kl_before_rollback"] == pytest.approx(calls[2][2]) and calls[2][2] > 100
-    assert rows[2]["objective/kl"] == pytest.approx(calls[3][2]) and calls[3][2] < 50
+    assert rows[2]["objective/kl_exact"] == pytest.approx(calls[3][2]) and calls[3][2] < 50
     assert [r["policy/kl_before_rollback"] for r in rows[:2] + rows[3:]] == \
-        [r["objective/kl"] for r in rows[:2] + rows[3:]]             # no restore: the same rollout
+        [r["objective/kl_exact"] for r in rows[:2] + rows[3:]]             # no restore: the same rollout
 
 
 def test_a_rollback_that_cannot_help_stops_the_run_after_max_in_row(tmp_path):
@@ -315,7 +315,7 @@ def test_a_rollback_that_cannot_help_stops_the_run_after_max_in_row(tmp_path):
     assert e.value.code == 1 and "2 times in a row" in str(e.value) and "--ppo_lr" in str(e.value)
     rows = read(str(tmp_path), "metrics.jsonl")
     assert [r["policy/rollbacks"] for r in rows] == [0, 1, 2]        # iterations 2 and 3 restored; 4 stopped
-    assert [r["objective/kl"] for r in rows] == [0, 0, 0]            # every rollout logged is the start's
+    assert [r["objective/kl_exact"] for r in rows] == [0, 0, 0]            # every rollout logged is the start's
     assert all(r["policy/kl_before_rollback"] > 0.01 for r in rows[1:])    # the excursions, visible
     assert [r["objective/kl_coef"] for r in rows] == pytest.approx([0.01, 0.02, 0.04])
 

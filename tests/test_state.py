@@ -79,9 +79,10 @@ def test_out_dir_that_cannot_be_a_folder(tmp_path, capsys):
 
 
 def test_a_long_prompt_is_refused_before_sampling(run, tmp_path, capsys):
+    import sample
     out = copy_run(run, tmp_path)
-    err = refused(SMOKE + [f"--out_dir={out}", "--stage=sample", "--prompt=review: " + "very " * 80], capsys)
-    assert "--response_length=40" in err and "--block_size=96" in err
+    err = refused([f"--out_dir={out}", "--prompt=review: " + "very " * 80], capsys, sample.main)
+    assert "40 new tokens exceed the model's block_size 96" in err
 
 
 @pytest.mark.parametrize("flag, stage", [("--n_layer=1", "pretrain"), ("--n_pairs=700", "preferences"),
@@ -305,12 +306,13 @@ def test_killed_twice_and_rerun_ends_as_if_never_interrupted(run, tmp_path):
 
 # ---- read-only stages: state stays true ----
 def test_sample_and_inspect_leave_config_json_and_the_records_alone(run, tmp_path):
-    """Their flags say how to sample, not what the run is: a --n_layer=3 sample of the 2-layer actor changes no
-    file (config.json still says 2); inspect writes inspect.html and nothing else."""
+    """Their flags say how to sample, not what the run is: sample.py changes no file; inspect's --n_layer=3 on the
+    2-layer run writes inspect.html and nothing else (config.json still says 2)."""
     out = copy_run(run, tmp_path)
     store.remove(os.path.join(out, "inspect.html"))                     # test_inspect.py may have made one
     before = hashes(out)
-    train.main(SMOKE + [f"--out_dir={out}", "--stage=sample", "--n_layer=3", "--temperature=0.7"])
+    import sample
+    sample.main([f"--out_dir={out}", "--temperature=0.7", "--top_k=5", "--num_samples=2"])
     assert hashes(out) == before
     inspect_page.main(SMOKE + [f"--out_dir={out}", "--n_layer=3", "--inspect_n=1"])
     after = hashes(out)
@@ -323,9 +325,8 @@ def test_read_only_stages_refuse_another_tokenizer_than_the_world_s(run, tmp_pat
     monkeypatch.setattr(tokenizer, "gpt2_missing", lambda: None)        # as where tiktoken's gpt2 is cached
     out = copy_run(run, tmp_path)
     before = hashes(out)
-    for main, flags in ((train.main, ["--stage=sample"]), (inspect_page.main, [])):
-        err = refused(SMOKE + [f"--out_dir={out}", *flags, "--tokenizer=gpt2"], capsys, main)
-        assert "--tokenizer=bpe, now --tokenizer=gpt2" in err
+    err = refused(SMOKE + [f"--out_dir={out}", "--tokenizer=gpt2"], capsys, inspect_page.main)
+    assert "--tokenizer=bpe, now --tokenizer=gpt2" in err
     assert hashes(out) == before
 
 
