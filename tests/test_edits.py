@@ -168,11 +168,13 @@ def executed(fn):
         fn()
     finally:
         sys.setprofile(None)
-    tests = os.path.join(ROOT, "tests") + os.sep
     spans, out = {}, set()
     for c in codes:
         path = c.co_filename
-        if not path.startswith(ROOT + os.sep) or path.startswith(tests) or c.co_name == "<module>":
+        # The project's own files: the root's and its folders' (not the tests, not a venv inside it).
+        folder = os.path.dirname(os.path.relpath(path, ROOT))
+        if not path.startswith(ROOT + os.sep) or folder not in ("", "machinery", "options", "lab") \
+                or c.co_name == "<module>":
             continue
         if path not in spans:
             spans[path] = top_level(path)
