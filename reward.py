@@ -147,6 +147,26 @@ def gold_normaliser(rows):
     return gold.mean().item(), gold.std().clamp(min=1e-6).item()
 
 
+def labelled_pairs(rows):
+    """prefs.jsonl's rows as pairs, each with the response the annotator chose first: token lists
+    `chosen`, `rejected` (prompt + response ids), their gold scores, and the prompt."""
+    pairs = []
+    for r in rows:
+        first, second = ("a", "b") if r["label"] == 0 else ("b", "a")
+        pairs.append(dict(chosen=r[f"tokens_{first}"], rejected=r[f"tokens_{second}"],
+                          gold_chosen=r[f"gold_{first}"], gold_rejected=r[f"gold_{second}"],
+                          prompt=r["prompt"]))
+    return pairs
+
+
+def split_pairs(pairs, val_frac, rng):
+    """(held-out, training) pairs: a permutation drawn from rng (numpy's), its first
+    max(1, val_frac of them) held out. The reward model and DPO split prefs.jsonl the same way."""
+    order = rng.permutation(len(pairs))
+    n_val = max(1, int(len(pairs) * val_frac))
+    return [pairs[i] for i in order[:n_val]], [pairs[i] for i in order[n_val:]]
+
+
 def bt_loss(r_chosen, r_rejected):
     """Bradley-Terry negative log-likelihood of the labels: -log σ(r_chosen - r_rejected), batch
     mean."""
@@ -176,9 +196,7 @@ def train_reward_model(lm, pairs, cfg, pad_id, seed=0, log=print):
     labels and against the gold order, rows: one per step, each epoch's last with the held-out
     numbers)."""
     rng = np.random.default_rng(seed)
-    order = rng.permutation(len(pairs))
-    n_val = max(1, int(len(pairs) * cfg.rm_val_frac))
-    val, tr = [pairs[i] for i in order[:n_val]], [pairs[i] for i in order[n_val:]]
+    val, tr = split_pairs(pairs, cfg.rm_val_frac, rng)
     rm = from_pretrained(lm, cfg.rm_layers)
     # Under torchrun each rank draws its own dropout.
     dist.seed_rank(seed)

@@ -1,9 +1,10 @@
-"""Sample from a finished run: its RLHF actor (or its pretrained model), from the command line or
-from Python.
+"""Sample from a finished run: its RLHF actor (or its pretrained model, or the DPO actor of
+--stage=dpo), from the command line or from Python.
 
     python sample.py                     # the RLHF actor of out/ on 8 held-out prompts
     python sample.py --prompt='review: the nova pro phone\n' --num_samples=4 --top_k=40
     python sample.py --ckpt=pretrain --prompt_file=prompts.txt --temperature=0.7
+    python sample.py --ckpt=dpo          # after python train.py --stage=dpo
     python sample.py --help              # every flag
 
 From Python, with this folder on the path (run from it, or PYTHONPATH=path/to/tether):
@@ -37,13 +38,14 @@ from machinery.records import load_records
 from machinery.state import load_checkpoint
 
 # --ckpt -> the file it loads.
-CHECKPOINTS = {"actor": "actor.pt", "pretrain": "pretrain.pt"}
+CHECKPOINTS = {"actor": "actor.pt", "pretrain": "pretrain.pt", "dpo": "dpo_actor.pt"}
 
 
 @dataclass
 class SampleConfig:
     out_dir: str = arg("out", help="a finished run's folder (python train.py made it)")
-    ckpt: str = arg("actor", help="actor (the RLHF actor, actor.pt) or pretrain (pretrain.pt)",
+    ckpt: str = arg("actor", help="actor (the PPO actor, actor.pt), pretrain (pretrain.pt) or "
+                    "dpo (dpo_actor.pt, after --stage=dpo)",
                     choices=list(CHECKPOINTS))
     prompt: str = arg("", help=r"your prompt, e.g. 'review: the nova pro phone\n' (default: 8 "
                       "held-out prompts)")
@@ -91,9 +93,9 @@ class Run:
 
 
 def load_run(out_dir="out", ckpt="actor", device="cpu"):
-    """The Run of a finished out_dir: the checkpoint `ckpt` names (actor or pretrain) on `device`,
-    the tokenizer its world was made with, its response length. RunError (one line) when the
-    folder has no such run."""
+    """The Run of a finished out_dir: the checkpoint `ckpt` names (actor, pretrain or dpo) on
+    `device`, the tokenizer its world was made with, its response length. RunError (one line)
+    when the folder has no such run."""
     if ckpt not in CHECKPOINTS:
         raise RunError(f"ckpt={ckpt!r}: choose {', '.join(CHECKPOINTS)}")
     path = os.path.join(out_dir, CHECKPOINTS[ckpt])

@@ -28,7 +28,8 @@ if __name__ == "__main__":
 import dataclasses, os, sys, time
 import torch
 
-import kl, tokenizer
+import dpo, kl, tokenizer
+from dpo import DPOConfig
 from kl import KLConfig
 from model import GPTConfig
 from ppo import PPOConfig
@@ -49,7 +50,7 @@ from options.rollback import RollbackConfig
 
 GROUPS = dict(run=RunConfig, world=WorldConfig, gpt=GPTConfig, pretrain=PretrainConfig,
               reward=RewardConfig, kl=KLConfig, ppo=PPOConfig, ref=RefConfig, anchor=AnchorConfig,
-              rollback=RollbackConfig, eval=EvalConfig)
+              rollback=RollbackConfig, eval=EvalConfig, dpo=DPOConfig)
 
 
 def parse(argv):
@@ -65,7 +66,7 @@ def parse(argv):
     sizes = dict(batch_size=cfg.pretrain.batch_size, rm_batch_size=r.rm_batch_size,
                  rollout_batch=p.rollout_batch, minibatch_size=p.minibatch_size)
     why = (dist.check_divisible(sizes) or cheap_ref.check(cfg) or anchors.check(cfg)
-           or rollback.check(cfg) or kl.check(cfg) or grpo.check(cfg)
+           or rollback.check(cfg) or kl.check(cfg) or grpo.check(cfg) or dpo.check(cfg)
            or (cfg.world.tokenizer == "gpt2" and tokenizer.gpt2_missing())
            or (cfg.eval.pass_gold_hard <= cfg.eval.pass_gold
                and f"--pass_gold_hard={cfg.eval.pass_gold_hard} must be above --pass_gold="
@@ -172,9 +173,11 @@ def run_stages(cfg, upto=None):
     # torchrun: the plan, to the other ranks.
     dist.broadcast_object([st.name for st in todo])
     for st in todo:
-        # What this stage and every later one made is out of date now.
+        # What this stage and every later one made is out of date now (an optional stage's own
+        # outputs only: nothing is made from them).
         if st.outputs:
-            for later in STAGES[STAGES.index(st):]:
+            stale = [st] if st.optional else STAGES[STAGES.index(st):]
+            for later in stale:
                 records.pop(later.name, None)
                 for n in later.outputs:
                     store.remove(path(cfg, n))

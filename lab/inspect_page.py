@@ -4,6 +4,7 @@
     python -m lab.inspect_page
     # -> that folder's page
     python -m lab.inspect_page --inspect_actor=out/ablate/no_kl/seed1337/actor.pt
+    python -m lab.inspect_page --inspect_actor=out/dpo_actor.pt    # -> out/inspect_dpo.html
     python -m lab.inspect_page --help    # its two flags; every other flag is train.py's
 
 For a few held-out prompts, the pretrained model and the RLHF actor each answer (same sampling
@@ -22,6 +23,8 @@ frozen reference, also for a moving one).
 An actor trained from another pretrain.pt, ref.pt or reward.pt than out_dir's holds (its PPO record
 says which: stages.json, or the ppo.json beside it) is refused: its page would set it against
 models it never saw.
+A DPO actor (dpo_actor.pt, from --stage=dpo) has no critic: its page has no advantages, and
+its record is stages.json's dpo record or the dpo.json beside it.
 A critic-free run (--advantage=grpo or rloo) leaves no critic.pt: its page has an empty advantage
 column (a group advantage would need the prompt's other samples, which the page does not draw).
 Left out: advantages for the pretrained model's tokens (the critic judges the actor's policy),
@@ -172,16 +175,19 @@ def ppo_critic(cfg, folder, rm):
 
 
 def made_from(out, actor_path):
-    """{file: hash} of out_dir's models the actor was trained from, as its PPO run recorded them:
-    stages.json's ppo record for out_dir's own actor.pt (which also vouches for the actor itself),
-    else the ppo.json that PPO wrote beside it (ablate.py's runs); None when neither says."""
-    record = records.load_records(out).get("ppo")
-    if os.path.abspath(actor_path) == os.path.abspath(os.path.join(out, "actor.pt")) and record:
-        if record["outputs"].get("actor.pt") != store.file_hash(actor_path):
-            raise RunError(f"{actor_path} is not the actor the ppo stage made: "
-                           "redo it with --stage=ppo")
+    """{file: hash} of out_dir's models the actor was trained from, as its run recorded them:
+    stages.json's ppo record for out_dir's own actor.pt (dpo's for dpo_actor.pt), which also
+    vouches for the actor itself, else the ppo.json (dpo.json) written beside it (ablate.py's
+    runs); None when neither says."""
+    name = os.path.basename(actor_path)
+    stage = "dpo" if name == "dpo_actor.pt" else "ppo"
+    record = records.load_records(out).get(stage)
+    if os.path.abspath(actor_path) == os.path.abspath(os.path.join(out, name)) and record:
+        if record["outputs"].get(name) != store.file_hash(actor_path):
+            raise RunError(f"{actor_path} is not the actor the {stage} stage made: "
+                           f"redo it with --stage={stage}")
         return record["inputs"]
-    beside = os.path.join(os.path.dirname(actor_path), "ppo.json")
+    beside = os.path.join(os.path.dirname(actor_path), f"{stage}.json")
     return store.load_json(beside)["stamp"]["inputs"] if os.path.exists(beside) else None
 
 
@@ -207,7 +213,9 @@ def write_inspect(cfg, page):
     ref = load_reference(os.path.join(out, "ref.pt"), run.device)
     rm, _ = load_scalar_model(os.path.join(out, "reward.pt"), run.device)
     actor, _ = load_checkpoint(actor_path, run.device)
-    critic = ppo_critic(cfg, os.path.dirname(actor_path), rm)
+    # A DPO actor has no critic: PPO's critic.pt beside it judged another policy.
+    dpo = os.path.basename(actor_path) == "dpo_actor.pt"
+    critic = None if dpo else ppo_critic(cfg, os.path.dirname(actor_path), rm)
     heldout = data.load_prompts(out)["heldout"]
     # Spread over the held-out subjects.
     prompts = heldout[::max(1, len(heldout) // n)][:n]
@@ -235,13 +243,13 @@ def write_inspect(cfg, page):
         advantages = ("The actor's tokens also show their advantage (GAE before whitening) under "
                       f"the final critic and β = {critic[2]:.4g}.")
     else:
-        advantages = "No critic.pt beside the actor: no advantages."
+        advantages = "No PPO critic for this actor: no advantages."
     note = (f"Held-out prompts, temperature {run.temperature}. Colour: KL to the frozen reference "
             f"per token, full at {SCALE} nat (red: the actor likes the token more than the "
             "reference; blue, k1 only: less). Hover a token for both numbers and the top-5 next "
             "tokens of the actor and the reference. " + advantages)
     folder = os.path.dirname(actor_path) if page.inspect_actor else out
-    path = os.path.join(folder, "inspect.html")
+    path = os.path.join(folder, "inspect_dpo.html" if dpo else "inspect.html")
     write_page(path, "tether: which tokens the reference pulls back", blocks, note)
     print(f"inspect: {len(prompts)} prompts, pretrained and RLHF actor -> {path}")
 

@@ -44,7 +44,7 @@ class RunConfig:
     out_dir: str = arg("out", help="folder for every stage's outputs")
     stage: str = arg("all", help="every stage not done yet, or one stage (stages.STAGES)",
                      choices=["all", "world", "pretrain", "reference", "preferences", "reward",
-                              "ppo", "report"])
+                              "ppo", "report", "dpo"])
     fresh: bool = arg(False, help="delete every output in out_dir and redo every stage")
     preset: str = arg("default", help="default, smoke (seconds; the tests use it), gpu (one GPU, "
                       "about 10 minutes)", choices=["default", "smoke", "gpu"])

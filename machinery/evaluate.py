@@ -132,7 +132,8 @@ def during_ppo(actor, enc, prompts, run, ref, rm, cfg):
     torch.manual_seed(run.seed + 20221019)
     m, _ = evaluate_policy(actor, enc, prompts, run, ref, rm, cfg.eval_n)
     state.set_rng_states(saved)
-    names = ("gold_mean", "proxy_mean", "kl", "wellformed_rate", "distinct_2")
+    names = ("gold_mean", "proxy_mean", "kl", "wellformed_rate", "distinct_2", "response_length",
+             "eos_rate")
     return {f"eval/{k}": m[k] for k in names}
 
 

@@ -169,6 +169,9 @@ def plan(stages, target, out_dir, records, stamp_of, outputs_of, say=print):
     written."""
     todo, kept = [], []
     for st in stages:
+        # An optional stage (dpo) runs when it is asked for, never as part of "all".
+        if st.optional and target != st.name:
+            continue
         # Once one stage runs, every later one is made again.
         if todo and target == "all":
             todo.append(st)

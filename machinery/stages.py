@@ -19,12 +19,13 @@ import numpy as np
 import torch
 
 import data, tokenizer
+from dpo import DPOConfig, implicit_accuracy, train_dpo
 from kl import KLConfig
 from model import GPTConfig
 from ppo import PPOConfig, say, train_ppo
 from ref import check_unchanged, load_reference, save_reference
-from reward import (RewardConfig, gold_normaliser, load_scalar_model, make_preferences,
-                    save_scalar_model, train_reward_model)
+from reward import (RewardConfig, gold_normaliser, labelled_pairs, load_scalar_model,
+                    make_preferences, save_scalar_model, train_reward_model)
 from machinery import dist, provenance, records, store
 from machinery.config import WorldConfig, check_world, fields
 from machinery.errors import RunError
@@ -162,17 +163,7 @@ def stage_reward(cfg, stamp):
     enc = tokenizer.load_tokenizer(run.out_dir, cfg.world.tokenizer)
     lm, _ = load_checkpoint(path(cfg, "pretrain.pt"), run.device)
     # stages.json vouches for its n_pairs.
-    rows = store.load_json(path(cfg, "prefs.jsonl"), lines=True)
-    # Each pair with the response the annotator chose first.
-    pairs = []
-    for r in rows:
-        if r["label"] == 0:
-            pair = dict(chosen=r["tokens_a"], rejected=r["tokens_b"], gold_chosen=r["gold_a"],
-                        gold_rejected=r["gold_b"])
-        else:
-            pair = dict(chosen=r["tokens_b"], rejected=r["tokens_a"], gold_chosen=r["gold_b"],
-                        gold_rejected=r["gold_a"])
-        pairs.append(pair)
+    pairs = labelled_pairs(store.load_json(path(cfg, "prefs.jsonl"), lines=True))
     rm, stats, rows = train_reward_model(lm, pairs, cfg.reward, enc.eot_token, seed=run.seed)
     # torchrun: rank 0 writes.
     if not dist.is_main():
@@ -290,6 +281,56 @@ def stage_ppo(cfg, stamp, base=None, run_dir=None, log=say):
         f"unchanged: {s['reference_unchanged']}")
 
 
+# ---- stage: dpo (optional; the loop is dpo.train_dpo) ----
+def run_dpo(cfg, base, run_dir, stamp, log=say):
+    """DPO (or IPO) from base's pretrained model against its frozen reference, on base's
+    prefs.jsonl; writes into run_dir dpo_actor.pt, dpo_metrics.jsonl, dpo.json (the report's
+    evaluation of the actor, best-of-k, the implicit reward's held-out accuracy, with the stamp)
+    and dpo.png. Used by lab/ablate.py too."""
+    run = cfg.run
+    os.makedirs(run_dir, exist_ok=True)
+    enc = tokenizer.load_tokenizer(base, cfg.world.tokenizer)
+    prompts = data.load_prompts(base)
+    actor, ref, rm = load_models(base, run.device)
+    pairs = labelled_pairs(store.load_json(os.path.join(base, "prefs.jsonl"), lines=True))
+    # The reward model's split, also when --seed (the batches', the evaluations') is another.
+    made = records.load_records(base).get("reward", {}).get("config", {})
+    metrics, val = train_dpo(actor, ref, rm, enc, pairs, cfg, run_dir, stamp, log,
+                             prompts["heldout"], made.get("seed", run.seed))
+    # The loss held the actor to π_ref only if π_ref stayed as ref.pt made it (ref.py).
+    try:
+        check_unchanged(ref, load_reference(os.path.join(base, "ref.pt"), run.device).state())
+    except RunError:
+        store.remove(os.path.join(run_dir, "dpo_state.pt"))
+        raise
+    save_checkpoint(actor, os.path.join(run_dir, "dpo_actor.pt"))
+    seed_everything(run.seed + 1)
+    final, _ = evaluate_policy(actor, enc, prompts["heldout"], run, ref, rm, cfg.eval.n_eval)
+    seed_everything(run.seed + 2)
+    bestofk = best_of_k(actor, enc, prompts["heldout"], run, cfg.eval.bestofk_n,
+                        cfg.eval.pass_gold, cfg.eval.n_eval,
+                        pass_gold_hard=cfg.eval.pass_gold_hard)
+    summary = dict(final=final, bestofk=bestofk, stamp=stamp, steps=len(metrics),
+                   n_train=len(pairs) - len(val), n_val=len(val),
+                   implicit=implicit_accuracy(actor, ref, enc, val, cfg.dpo, run.temperature),
+                   skipped_updates=metrics[-1]["skipped_updates"],
+                   seconds=metrics[-1]["time/elapsed"])
+    store.save_json(os.path.join(run_dir, "dpo.json"), summary)
+    plot_curves(metrics, "loss", "eval/kl", "DPO: the loss; eval/kl, the held-out KL (nats)",
+                os.path.join(run_dir, "dpo.png"), x="step")
+    store.remove(os.path.join(run_dir, "dpo_state.pt"))
+    return summary
+
+
+def stage_dpo(cfg, stamp, base=None, run_dir=None, log=say):
+    s = run_dpo(cfg, base or cfg.run.out_dir, run_dir or cfg.run.out_dir, stamp, log)
+    f = s["final"]
+    log(f"dpo: held-out gold {f['gold_mean']:+.2f}, proxy {f['proxy_mean']:+.2f}, KL to "
+        f"reference {f['kl']:.2f} nats, well-formed {f['wellformed_rate']:.0%}, length "
+        f"{f['response_length']:.1f}; implicit reward's held-out accuracy "
+        f"{s['implicit']['acc_noisy']:.1%} (gold order {s['implicit']['acc_gold']:.1%})")
+
+
 # ---- stage: report ----
 def stage_report(cfg, stamp):
     run = cfg.run
@@ -317,7 +358,8 @@ def stage_report(cfg, stamp):
 
 
 # ---- the stage table: what each stage reads, writes, and which config fields shape its outputs
-Stage = namedtuple("Stage", "name fn inputs outputs fields partial")
+# optional: run only when asked for (--stage=NAME), never by `python train.py` alone.
+Stage = namedtuple("Stage", "name fn inputs outputs fields partial optional", defaults=(False,))
 
 
 def _names(*groups):
@@ -341,6 +383,12 @@ STAGES = [
     Stage("reward", stage_reward, ["pretrain.pt", "prefs.jsonl"],
           ["reward.pt", "reward.json", "reward_metrics.jsonl", "reward.png"],
           ["seed", "dtype"] + _names(RewardConfig), None),
+    # DPO: the reference inside the loss, from the pretrained model; reward.pt is its evaluation's
+    # proxy only.
+    Stage("dpo", stage_dpo, ["pretrain.pt", "ref.pt", "reward.pt", "prefs.jsonl"] + TOK,
+          ["dpo_actor.pt", "dpo_metrics.jsonl", "dpo.json", "dpo.png"],
+          _SAMPLING + [n for n in _names(DPOConfig, EvalConfig) if n != "dpo_save_every"]
+          + ["rm_val_frac"], "dpo_state.pt", True),
     # train.bin: ptx's windows; prefs.jsonl: the gold scores' normaliser. critic.pt: gae only.
     Stage("ppo", stage_ppo,
           ["pretrain.pt", "ref.pt", "reward.pt", "train.bin", "prefs.jsonl"] + TOK,

@@ -137,3 +137,31 @@ def load_ppo_state(path, stamp, log, actor, critic, opts, guards, kl_ctl, gens, 
     ptx_gen.set_state(rng["ptx"])
     log(f"ppo: resuming from {path} after iteration {s['iter']}")
     return s["metrics"], s["iter"]
+
+
+# ---- DPO ----
+DPO_STATE = ["iter", "actor", "opt", "skipped", "gen", "order", "metrics"]
+
+
+def save_dpo_state(path, stamp, step, metrics, actor, opt, guard, gen, order):
+    """dpo_state.pt after `step`: the actor's trainable part, its optimizer, the batch generator
+    and this epoch's permutation, the metrics so far."""
+    store.save_torch(dict(stamp=stamp, iter=step, actor=trainable_state(actor),
+                          opt=opt.state_dict(), skipped=guard.skipped, gen=gen.get_state(),
+                          order=order, metrics=metrics), path)
+
+
+def load_dpo_state(path, stamp, log, actor, opt, guard, gen):
+    """A state made under `stamp` back into actor, opt, guard and gen. Returns (metrics so far,
+    step to go on from, this epoch's permutation); ([], 0, None) to start over."""
+    s, why = store.load_resumable(path, stamp, DPO_STATE)
+    if s is None:
+        if why != "missing":
+            log(f"dpo: {path} is {why}; starting over")
+        return [], 0, None
+    load_trainable(actor, s["actor"])
+    opt.load_state_dict(s["opt"])
+    guard.skipped = s["skipped"]
+    gen.set_state(s["gen"])
+    log(f"dpo: resuming from {path} after step {s['iter']}")
+    return s["metrics"], s["iter"], s["order"]

@@ -228,7 +228,7 @@ def test_torchrun_runs_every_stage_and_writes_what_one_process_writes(run, tmp_p
     assert set(os.listdir(out)) == known & set(os.listdir(run))            # what the single-process smoke run made
     assert p.stdout.count("---- stage world ----") == 1                   # rank 0 alone prints
     recs = store.load_json(os.path.join(out, "stages.json"))
-    assert all(records.outputs_intact(out, recs[st.name]) for st in stages.STAGES)
+    assert all(records.outputs_intact(out, recs[st.name]) for st in stages.STAGES if not st.optional)
     rows = store.load_json(os.path.join(out, "metrics.jsonl"), lines=True)
     assert len(rows) == 2 and rows[0]["objective/kl_exact"] == 0 and rows[1]["objective/kl_exact"] > 0
     assert all(r["policy/ratio_dev_first"] < 1e-5 for r in rows)           # old log-probs: each rank's own policy

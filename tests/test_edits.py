@@ -71,14 +71,15 @@ def test_the_code_digest_ignores_comments_docstrings_and_layout():
     assert records.code_digest(ast.parse(a)) != records.code_digest(ast.parse(c))
 
 
-ALL = {"world", "pretrain", "reference", "preferences", "reward", "ppo", "report"}
+ALL = {"world", "pretrain", "reference", "preferences", "reward", "ppo", "report", "dpo"}
 
 
 @pytest.mark.parametrize("edits, changed", [
-    ({"kl.py": new_statement}, {"ppo", "report"}),
+    # dpo: its evaluation reaches kl.py.
+    ({"kl.py": new_statement}, {"ppo", "report", "dpo"}),
     ({"kl.py": new_constant}, set()),
     ({"kl.py": edit_function("kl_k1", "logp - logp_ref", "logp - logp_ref + 0")}, {"ppo"}),
-    ({"model.py": gpt_forward_edit}, {"pretrain", "reference", "preferences", "reward", "ppo", "report"}),
+    ({"model.py": gpt_forward_edit}, {"pretrain", "reference", "preferences", "reward", "ppo", "report", "dpo"}),
     ({"data.py": edit_function("gold_score", "return", "return 0 +")},
      {"pretrain", "preferences", "ppo"}),
     ({"model.py": comment_only, "kl.py": comment_only, "ppo.py": comment_only}, set()),
@@ -205,6 +206,8 @@ def test_every_function_a_stage_runs_is_in_its_digest(tmp_path, monkeypatch):
                ["--stop_kl=0.001", "--ref=int8"]]
     for flags in options:
         train.main(small + ["--stage=ppo"] + flags)
+    for flags in (["--dpo_eval_every=1", "--eval_n=4"], ["--dpo_loss=ipo", "--dpo_reference=none"]):
+        train.main(small + ["--stage=dpo", "--dpo_epochs=0.2", "--dpo_batch_size=8"] + flags)
     assert set(ran) == {st.name for st in stages.STAGES}
     for st in stages.STAGES:
         missing = sorted(ran[st.name] - set(stages.code_of(st)))

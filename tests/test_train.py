@@ -29,7 +29,8 @@ def no_time(rows):
 def test_every_stage_wrote_its_output_and_its_record(run):
     recs = read(run, "stages.json")
     for st in stages.STAGES:
-        assert records.outputs_intact(run, recs[st.name]), st.name
+        # An optional stage (dpo) is not part of python train.py.
+        assert records.outputs_intact(run, recs[st.name]) if not st.optional else st.name not in recs, st.name
     assert read(run, "config.json")["gpt"]["n_layer"] == 2 and not os.path.exists(os.path.join(run, "ppo_state.pt"))
 
 

@@ -1,0 +1,208 @@
+"""The reference inside the loss: DPO (Rafailov et al. 2023) and IPO (Azar et al. 2023), from the
+pretrained model on prefs.jsonl's labelled pairs, with no reward model and no sampling.
+
+    python train.py --stage=dpo                           # after the reward stage -> dpo.json
+    python train.py --stage=dpo --dpo_loss=ipo --ipo_tau=0.1
+    python train.py --stage=dpo --dpo_reference=none      # the log-likelihood difference alone
+    python -m pytest -q tests/test_dpo.py
+
+For a pair (x, y_w chosen, y_l rejected) the policy's and the reference's log-probs of each
+response, summed over its tokens up to and including end-of-text (`sequence_logprobs`, through
+model.response_logits as PPO scores), give the margin
+    h = (log π_θ(y_w|x) - log π_ref(y_w|x)) - (log π_θ(y_l|x) - log π_ref(y_l|x))
+    DPO  loss = -log σ(β·h)          IPO  loss = (h - 1/(2τ))²
+The reference is the frozen π_ref of ref.pt; its log-probs are computed once, before training
+(`reference_logprobs`), by the same function as the policy's. --dpo_reference=none puts zeros in
+their place: h is then the policy's log-likelihood difference alone (Liu, Liu & Cohan 2024). The
+pairs are the reward model's training split of prefs.jsonl (reward.split_pairs, its seed);
+its held-out split gives the implicit reward's accuracy against the noisy labels and the gold
+order. The actor runs without dropout, as in PPO. Logged with TRL's DPOTrainer names:
+rewards/chosen = c·(log π_θ(y_w) - log π_ref(y_w)) (c: β, or τ for IPO), rewards/rejected likewise,
+rewards/margins their difference, rewards/accuracies the fraction with chosen above rejected,
+logps/chosen and logps/rejected the policy's summed log-probs; each a mean over the batch.
+Left out: label smoothing (cDPO), length normalisation (SimPO), sampling new pairs online, more
+than one process (torchrun is refused).
+"""
+from dataclasses import dataclass
+import math, os, time
+import numpy as np
+import torch
+from torch.nn import functional as F
+
+from model import response_logits, token_logprobs
+from reward import split_pairs
+from sequences import encode_prompts
+from machinery import evaluate, optim, state, store
+from machinery.config import arg
+
+
+@dataclass
+class DPOConfig:
+    dpo_loss: str = arg("dpo", help="dpo (-log σ(β·h)) or ipo ((h - 1/(2τ))²)",
+                        choices=["dpo", "ipo"])
+    dpo_beta: float = arg(0.1, ">0", "DPO's β: the weight of the log-ratio margin")
+    ipo_tau: float = arg(0.1, ">0", "IPO's τ: the margin's target is 1/(2τ)")
+    dpo_reference: str = arg("frozen", help="frozen (π_ref's log-probs in the margin) or none "
+                             "(zeros: the log-likelihood difference alone)",
+                             choices=["frozen", "none"])
+    dpo_epochs: float = arg(1.0, ">0", "passes over the training pairs (a fraction allowed)")
+    dpo_lr: float = arg(1e-4, ">0", "the policy's AdamW learning rate")
+    dpo_batch_size: int = arg(32, ">0", "pairs per step")
+    dpo_eval_every: int = arg(0, ">=0", "steps between held-out evaluations of --eval_n samples "
+                              "(eval/ columns of dpo_metrics.jsonl; 0 = off)")
+    dpo_save_every: int = arg(50, ">0", "steps between resumable states (dpo_state.pt)")
+
+
+def check(cfg):
+    """Why the DPO settings cannot work, in one line; None when they can (train.parse)."""
+    if cfg.run.stage == "dpo" and int(os.environ.get("WORLD_SIZE", 1)) > 1:
+        return "--stage=dpo runs on one process: run it with python, not torchrun"
+    n_train = cfg.reward.n_pairs - max(1, int(cfg.reward.n_pairs * cfg.reward.rm_val_frac))
+    if cfg.dpo.dpo_batch_size > n_train:
+        return (f"--dpo_batch_size={cfg.dpo.dpo_batch_size} is more than the {n_train} training "
+                f"pairs (--n_pairs={cfg.reward.n_pairs}, --rm_val_frac={cfg.reward.rm_val_frac})")
+    return None
+
+
+def pair_tensors(enc, pairs):
+    """A batch of pairs as tensors: the prompts left-padded (2b, Tp), each once for its chosen and
+    once for its rejected response (chosen first), the responses (2b, R) right-padded with
+    end-of-text, and their masks (2b, R): True on each response's own tokens, its end-of-text
+    included where it ended (a truncated response has none), never on the padding."""
+    prompts = [p["prompt"] for p in pairs] * 2
+    q, qm = encode_prompts(enc, prompts)  # (2b, Tp)
+    prompt_lengths = qm.sum(1).tolist()
+    halves = [p["chosen"] for p in pairs] + [p["rejected"] for p in pairs]
+    responses = [seq[n:] for seq, n in zip(halves, prompt_lengths)]
+    width = max(len(r) for r in responses)
+    resp = torch.full((len(responses), width), enc.eot_token, dtype=torch.long)  # (2b, R)
+    mask = torch.zeros(len(responses), width, dtype=torch.bool)  # (2b, R)
+    for i, r in enumerate(responses):
+        resp[i, :len(r)] = torch.tensor(r)
+        mask[i, :len(r)] = True
+    return q, qm, resp, mask
+
+
+def sequence_logprobs(model, q, qm, resp, mask, temperature):
+    """log π(response | prompt) of each row (2b,): the token log-probs summed over the mask."""
+    logits = response_logits(model, q, qm, resp, temperature)  # (2b, R, V)
+    return torch.where(mask, token_logprobs(logits, resp), 0.0).sum(1)  # (2b,)
+
+
+@torch.no_grad()
+def reference_logprobs(ref, enc, pairs, temperature, batch=64):
+    """The reference's sequence log-probs of every pair, (n, 2): chosen, rejected. Computed once,
+    by sequence_logprobs, as the policy's are."""
+    out = []
+    for i in range(0, len(pairs), batch):
+        chunk = pairs[i:i + batch]
+        q, qm, resp, mask = pair_tensors(enc, chunk)
+        lp = sequence_logprobs(ref.model, q, qm, resp, mask, temperature)  # (2b,)
+        out.append(torch.stack([lp[:len(chunk)], lp[len(chunk):]], 1))
+    return torch.cat(out)  # (n, 2)
+
+
+def margins(policy, reference, cfg):
+    """h (b,) from the policy's and the reference's (b, 2) log-probs (chosen, rejected);
+    --dpo_reference=none: the policy's alone."""
+    if cfg.dpo_reference == "none":
+        reference = torch.zeros_like(reference)
+    ratio = policy - reference  # (b, 2)
+    return ratio[:, 0] - ratio[:, 1]  # (b,)
+
+
+def dpo_losses(h, cfg):
+    """Each pair's loss (b,): DPO's -log σ(β·h) (logsigmoid: finite at any margin), or IPO's
+    (h - 1/(2τ))²."""
+    if cfg.dpo_loss == "ipo":
+        return (h - 1 / (2 * cfg.ipo_tau)) ** 2
+    return -F.logsigmoid(cfg.dpo_beta * h)
+
+
+def coefficient(cfg):
+    """The weight of the log-ratios in the implicit reward: β (DPO) or τ (IPO), as TRL logs it."""
+    return cfg.ipo_tau if cfg.dpo_loss == "ipo" else cfg.dpo_beta
+
+
+def batch_metrics(policy, reference, losses, cfg):
+    """TRL DPOTrainer's names for one batch (each a mean over its pairs)."""
+    if cfg.dpo_reference == "none":
+        reference = torch.zeros_like(reference)
+    rewards = coefficient(cfg) * (policy - reference).detach()  # (b, 2)
+    return {"loss": losses.mean().item(),
+            "rewards/chosen": rewards[:, 0].mean().item(),
+            "rewards/rejected": rewards[:, 1].mean().item(),
+            "rewards/margins": (rewards[:, 0] - rewards[:, 1]).mean().item(),
+            "rewards/accuracies": (rewards[:, 0] > rewards[:, 1]).float().mean().item(),
+            "logps/chosen": policy[:, 0].mean().item(),
+            "logps/rejected": policy[:, 1].mean().item()}
+
+
+@torch.no_grad()
+def implicit_accuracy(actor, ref, enc, pairs, cfg, temperature):
+    """The implicit reward's held-out accuracy: the fraction of pairs whose margin h ranks them as
+    the noisy label does (acc_noisy) and, of the pairs whose gold scores differ, as the gold order
+    does (acc_gold)."""
+    h = []
+    for i in range(0, len(pairs), 64):
+        chunk = pairs[i:i + 64]
+        q, qm, resp, mask = pair_tensors(enc, chunk)
+        lp = sequence_logprobs(actor, q, qm, resp, mask, temperature)
+        policy = torch.stack([lp[:len(chunk)], lp[len(chunk):]], 1)  # (b, 2)
+        h.append(margins(policy, reference_logprobs(ref, enc, chunk, temperature), cfg))
+    h = torch.cat(h)
+    gold = torch.tensor([p["gold_chosen"] - p["gold_rejected"] for p in pairs])
+    decided = gold != 0
+    return dict(acc_noisy=(h > 0).float().mean().item(),
+                acc_gold=((h[decided] > 0) == (gold[decided] > 0)).float().mean().item())
+
+
+def train_dpo(actor, ref, rm, enc, pairs, cfg, run_dir, stamp, log, heldout, split_seed):
+    """DPO (or IPO) on `pairs` (reward.labelled_pairs of prefs.jsonl): the reward model's training
+    split (split_seed: the seed the reward model was trained under), in batches drawn from a
+    generator of --seed; the actor trained in place. Writes
+    run_dir/dpo_metrics.jsonl as it goes and run_dir/dpo_state.pt every dpo_save_every steps, so a
+    killed run resumes to an uninterrupted run's numbers. rm: the proxy of --dpo_eval_every's
+    evaluations. Returns (metrics, held-out pairs)."""
+    run, dc = cfg.run, cfg.dpo
+    val, train = split_pairs(pairs, cfg.reward.rm_val_frac, np.random.default_rng(split_seed))
+    cached = reference_logprobs(ref, enc, train, run.temperature)  # (n, 2)
+    opt = optim.adamw([p for p in actor.parameters() if p.requires_grad], dc.dpo_lr,
+                      weight_decay=0.0)
+    guard = optim.StepGuard("DPO")
+    gen = torch.Generator().manual_seed(run.seed)
+    per_epoch = math.ceil(len(train) / dc.dpo_batch_size)
+    steps = max(1, math.ceil(dc.dpo_epochs * per_epoch))
+    state_path = os.path.join(run_dir, "dpo_state.pt")
+    metrics_path = os.path.join(run_dir, "dpo_metrics.jsonl")
+    metrics, start, order = state.load_dpo_state(state_path, stamp, log, actor, opt, guard, gen)
+    t0 = time.time() - (metrics[-1]["time/elapsed"] if metrics else 0.0)
+    # Dropout off, as in PPO; gradients still flow.
+    actor.eval()
+    for step in range(start, steps):
+        # Each epoch a permutation of the training pairs from the run's generator.
+        if step % per_epoch == 0 or order is None:
+            order = torch.randperm(len(train), generator=gen)
+        k = step % per_epoch
+        idx = order[k * dc.dpo_batch_size:(k + 1) * dc.dpo_batch_size]
+        chunk = [train[i] for i in idx.tolist()]
+        q, qm, resp, mask = (x.to(run.device) for x in pair_tensors(enc, chunk))
+        lp = sequence_logprobs(actor, q, qm, resp, mask, run.temperature)  # (2b,)
+        policy = torch.stack([lp[:len(chunk)], lp[len(chunk):]], 1)  # (b, 2)
+        reference = cached[idx].to(policy)  # (b, 2)
+        losses = dpo_losses(margins(policy, reference, dc), dc)
+        guard.backward_and_step(losses.mean(), opt, list(actor.parameters()), 1.0)
+        row = {"step": step + 1, "epoch": (step + 1) / per_epoch,
+               **batch_metrics(policy.detach(), reference, losses.detach(), dc),
+               "skipped_updates": guard.skipped, "time/elapsed": time.time() - t0}
+        if dc.dpo_eval_every and ((step + 1) % dc.dpo_eval_every == 0 or step + 1 == steps):
+            row.update(evaluate.during_ppo(actor, enc, heldout, run, ref, rm, cfg.eval))
+        metrics.append(row)
+        store.save_json(metrics_path, metrics, lines=True)
+        if (step + 1) % dc.dpo_save_every == 0 or step + 1 == steps:
+            log(f"dpo step {step + 1}/{steps} | loss {row['loss']:.3f} | margins "
+                f"{row['rewards/margins']:+.3f} | acc {row['rewards/accuracies']:.2f} | "
+                f"logp chosen {row['logps/chosen']:.1f}")
+            state.save_dpo_state(state_path, stamp, step + 1, metrics, actor, opt, guard, gen,
+                                 order)
+    return metrics, val

@@ -1,0 +1,358 @@
+"""Does DPO need the reference? DPO at five β, IPO at two τ and DPO with the reference's log-probs
+replaced by zeros, over several seeds, each evaluated on held-out prompts as it trains, on one
+gold-KL frontier with PPO (adaptive and fixed β) and best-of-n by the proxy.
+
+    python -m lab.dpo_suite                  # 5 seeds x 14 arms -> out/dpo_suite/
+                                             # (dpo.md, dpo.json, frontier.png, examples.md)
+    python -m lab.dpo_suite --quick          # one seed, short runs -> out/dpo_suite_quick/
+    python -m lab.dpo_suite --arms=dpo_0.1,noref_0.1 --seeds=2 --dpo_epochs=2
+                                             # any train.py flag passes through
+    python -m lab.dpo_suite --jobs=1         # one run at a time, in this process
+                                             # (default: 2 processes, 1 thread each)
+    python -m lab.dpo_suite --bon=12x256     # best-of-n's pool: prompts x samples (the default)
+
+The pretrained model, frozen reference, reward model and prefs.jsonl are --out_dir's (built by
+train.py's stages when missing), so only the method differs between arms. Run k has --seed + k:
+DPO's batch order and its evaluations' sampling, or PPO's rollouts; the base is the same for
+every seed, so the intervals hold the variation of the method's own randomness, not that of
+another pretrained model. DPO trains on the reward model's training split; its held-out split
+gives the implicit reward's accuracy. Every arm is evaluated every --dpo_eval_every DPO steps
+(--eval_every PPO iterations) on --eval_n held-out samples drawn from the evaluation's own stream,
+so each run draws a curve of exact KL to the reference against gold; then the final evaluation
+(--n_eval samples), as the report's.
+Each run folder's run.json, written last, records config, inputs, code and outputs (as
+stages.json does); a run whose record matches is reused, a killed one resumes from its
+dpo_state.pt (ppo_state.pt), so an interrupted suite goes on where it stopped.
+Tables: the mean over seeds with a Student-t 95 % interval (tables.t_ci, n = the seeds listed).
+Left out: a second pretrained model, DPO past one epoch by default, a β search for IPO.
+"""
+# Ctrl-C while the imports below load torch (seconds) is one line and exit 130.
+if __name__ == "__main__":
+    from machinery.errors import ctrl_c_while_starting
+    ctrl_c_while_starting()
+import multiprocessing, os, sys, time
+import numpy as np
+import torch
+
+import data, tokenizer, train
+from machinery import records, stages, store
+from machinery.config import check_once, override
+from machinery.errors import RunError, die, run_main
+from machinery.evaluate import during_ppo
+from machinery.state import load_checkpoint
+from lab import ablate, overopt
+from lab.tables import bestofk_cells, t_ci
+
+BETAS = ("0.05", "0.1", "0.3", "1", "5")
+TAUS = ("0.1", "1")
+# arm -> its flags: DPO at each β, IPO at each τ, DPO without the reference at each β.
+ARMS = {**{f"dpo_{b}": [f"--dpo_beta={b}"] for b in BETAS},
+        **{f"ipo_{t}": ["--dpo_loss=ipo", f"--ipo_tau={t}"] for t in TAUS},
+        **{f"noref_{b}": ["--dpo_reference=none", f"--dpo_beta={b}"] for b in BETAS}}
+# PPO's arms: ablate.py's conditions of the same names.
+PPO_ARMS = {"ppo_adaptive": "adaptive", "ppo_fixed_0.05": "fixed_0.05"}
+# One epoch of the default 10,800 training pairs is 338 steps: 12 evaluations; PPO's 60
+# iterations: 10.
+SUITE_FLAGS = ["--dpo_eval_every=28", "--eval_every=6"]
+QUICK = ["--dpo_epochs=0.1", "--dpo_eval_every=7", "--rollout_batch=32", "--ppo_iters=12",
+         "--eval_every=3", "--n_eval=64"]
+# KLs at which the frontier table reads every trajectory (nats).
+KLS = (1, 2, 4, 6)
+
+
+def parse(argv):
+    """dpo_suite's own flags; every other is a train.py flag, checked by train.parse up front."""
+    if "--help" in argv or "-h" in argv:
+        print(__doc__)
+        sys.exit(0)
+    check_once(argv)
+    opts = dict(quick=False, seeds=5, arms=",".join(list(ARMS) + list(PPO_ARMS)), jobs=2,
+                bon="12x256")
+    user = []
+    for a in argv:
+        name, _, value = a[2:].partition("=")
+        if a.startswith("--") and name in opts:
+            try:
+                kind = ablate.BOOLS.__getitem__ if name == "quick" else type(opts[name])
+                opts[name] = kind(value.lower() if name == "quick" else value)
+            except (KeyError, ValueError):
+                die(f"bad value for --{name}: {value!r}")
+        else:
+            user.append(a)
+    arms = opts["arms"].split(",")
+    unknown = [a for a in arms if a not in ARMS and a not in PPO_ARMS]
+    if unknown:
+        die(f"unknown arm {unknown[0]!r} (choose {', '.join(list(ARMS) + list(PPO_ARMS))})")
+    if len(set(arms)) < len(arms):
+        die(f"--arms names {max(arms, key=arms.count)!r} twice")
+    if opts["seeds"] < 1 or opts["jobs"] < 1:
+        die(f"--seeds and --jobs must be >= 1 (got {opts['seeds']} and {opts['jobs']})")
+    prompts, _, per = opts["bon"].partition("x")
+    if not (prompts.isdigit() and per.isdigit() and int(prompts) > 0 and int(per) > 1):
+        die(f"bad value for --bon: {opts['bon']!r} (PROMPTSxSAMPLES, e.g. 12x256)")
+    opts["bon"] = (int(prompts), int(per))
+    if opts["quick"]:
+        opts["seeds"] = 1
+        opts["bon"] = (4, 32)
+    rest = override(override(SUITE_FLAGS, QUICK if opts["quick"] else []), user)
+    # Each arm's flags fail here, before any work.
+    for a in arms:
+        train.parse(override(rest, ARMS[a] if a in ARMS else ablate.CONDITIONS[PPO_ARMS[a]]))
+    cfg = train.parse(rest)
+    if not cfg.dpo.dpo_eval_every or not cfg.eval.eval_every:
+        die("the suite draws each run's curve from its evaluations: --dpo_eval_every and "
+            "--eval_every must be > 0")
+    if cfg.run.seed + opts["seeds"] > 2 ** 31:
+        die(f"--seed={cfg.run.seed} with --seeds={opts['seeds']}: a run's seed would be >= 2^31")
+    opts["subdir"] = "dpo_suite_quick" if opts["quick"] else "dpo_suite"
+    d = os.path.join(cfg.run.out_dir, opts["subdir"])
+    if store.not_a_folder(cfg.run.out_dir) or store.not_a_folder(d):
+        die(f"--out_dir={cfg.run.out_dir}: not a folder")
+    return opts, rest
+
+
+def finished(run_dir, stamp, st):
+    """True when run_dir's run.json was written under `stamp` (config, inputs, code) and the
+    outputs it lists are as the run wrote them."""
+    path = os.path.join(run_dir, ablate.RECORD)
+    try:
+        rec = store.load_json(path) if os.path.exists(path) else None
+    except RunError:
+        return False
+    if rec is None or records.damaged_record(rec) or records.code_difference(rec, stamp):
+        return False
+    if records.first_difference(rec, stamp) is not None:
+        return False
+    return records.outputs_intact(run_dir, rec, [n for n in st.outputs if n != "dpo.png"])
+
+
+def dpo_run(job):
+    """One DPO (IPO) run in its own folder; its row. A finished run under the same stamp is
+    reused; any other is done again, from its dpo_state.pt when that was made under the same."""
+    arm, seed, rest, base, run_dir, threads = job
+    if threads:
+        torch.set_num_threads(threads)
+    own = ARMS[arm] + [f"--seed={seed}", f"--out_dir={base}", "--stage=dpo"]
+    cfg = train.parse(override(rest, own))
+    st = stages.BY_NAME["dpo"]
+    stamp = stages.stamp(cfg, st)
+    if cfg.run.fresh or not finished(run_dir, stamp, st):
+        for n in [ablate.RECORD] + st.outputs + ([st.partial] if cfg.run.fresh else []):
+            store.remove(os.path.join(run_dir, n))
+        stages.run_stage(cfg, st, stamp, base=base, run_dir=run_dir, log=ablate.quiet)
+        rec = ablate.run_record(run_dir, stamp, [n for n in st.outputs
+                                                 if os.path.exists(os.path.join(run_dir, n))])
+        store.save_json(os.path.join(run_dir, ablate.RECORD), rec)
+    s = store.load_json(os.path.join(run_dir, "dpo.json"))
+    return dict(condition=arm, seed=seed, **s["final"], **s["implicit"], seconds=s["seconds"],
+                steps=s["steps"], **bestofk_cells(s["bestofk"]))
+
+
+def one_run(job):
+    """A DPO arm's run, or a PPO arm's (ablate.one_run under its condition); whatever stops it
+    comes back as a RunError, as in ablate.pool_run."""
+    arm = job[0]
+    try:
+        if arm in ARMS:
+            return dpo_run(job)
+        row = ablate.one_run((PPO_ARMS[arm],) + job[1:])
+        return dict(row, condition=arm)
+    except RunError:
+        raise
+    except BaseException as e:
+        why = " ".join(f"{type(e).__name__}: {e}".split())
+        raise RunError(f"run {arm} seed {job[1]}: {why} (--jobs=1 shows where)", 1)
+
+
+def trajectory(rows, start, x):
+    """A run's evaluations (its metrics rows' eval/ columns), from the pretrained model's on the
+    same stream (`start`, at step 0): lists of x (step or iter), kl, gold, length, eos."""
+    evals = [r for r in rows if "eval/kl" in r]
+    names = dict(kl="eval/kl", gold="eval/gold_mean", length="eval/response_length",
+                 eos="eval/eos_rate", distinct="eval/distinct_2")
+    out = {k: [start[v]] + [r[v] for r in evals] for k, v in names.items()}
+    out["x"] = [0] + [r[x] for r in evals]
+    return out
+
+
+def cell(values, fmt="{:+.2f}"):
+    """mean [t interval] of the values that are not None, with how many when some are; '-' when
+    none."""
+    v = [x for x in values if x is not None]
+    if not v:
+        return "-"
+    if len(v) == 1:
+        return fmt.format(v[0]) + (" (1 seed)" if len(values) > 1 else "")
+    mean, lo, hi = t_ci(v)
+    text = f"{fmt.format(mean)} [{fmt.format(lo)}, {fmt.format(hi)}]"
+    return text + (f" ({len(v)} of {len(values)})" if len(v) < len(values) else "")
+
+
+def tables(rows, trajs, order, bon):
+    """dpo.md's tables: the final evaluation; the frontier (gold at equal KL, first pass); the
+    second half of training (does gold fall while KL grows?); best-of-n."""
+    md = ["| arm | seeds | gold | KL | proxy | length | end-of-text | well-formed | distinct-2 | "
+          "ppl under ref | implicit acc. (noisy) | (gold) |", "|---" * 12 + "|"]
+    for arm in order:
+        rs = [r for r in rows if r["condition"] == arm]
+
+        def col(name, fmt="{:+.2f}"):
+            return cell([r.get(name) for r in rs], fmt)
+        md.append(f"| {arm} | {len(rs)} | {col('gold_mean')} | {col('kl', '{:.2f}')} | "
+                  f"{col('proxy_mean')} | {col('response_length', '{:.1f}')} | "
+                  f"{col('eos_rate', '{:.2f}')} | {col('wellformed_rate', '{:.2f}')} | "
+                  f"{col('distinct_2', '{:.3f}')} | {col('ref_ppl', '{:.2f}')} | "
+                  f"{col('acc_noisy', '{:.3f}')} | {col('acc_gold', '{:.3f}')} |")
+    md += ["", "Gold at equal KL (nats to the reference), each run read at its first pass "
+           "through the KL, linear between its two evaluations around it; in brackets how many "
+           "runs reach it when not all:", "",
+           "| arm | " + " | ".join(f"KL {k}" for k in KLS) + " |", "|---" * (len(KLS) + 1) + "|"]
+    for arm in order:
+        at = [overopt.at_kl(t["kl"], t["gold"], KLS) for t in trajs[arm].values()]
+        md.append(f"| {arm} | " + " | ".join(cell([a[i] for a in at]) for i in range(len(KLS)))
+                  + " |")
+    md += ["", "Over the second half of training (the last evaluation minus the one at half way), "
+           "per run, then the mean over seeds: gold falling while KL grows is overoptimisation:",
+           "", "| arm | Δ gold | Δ KL | Δ length | Δ distinct-2 |", "|---" * 5 + "|"]
+    for arm in order:
+        ts = list(trajs[arm].values())
+
+        def half(k, fmt="{:+.2f}"):
+            return cell([t[k][-1] - t[k][len(t[k]) // 2] for t in ts], fmt)
+        md.append(f"| {arm} | {half('gold')} | {half('kl')} | {half('length', '{:+.1f}')} | "
+                  f"{half('distinct', '{:+.3f}')} |")
+    md += ["", "Best-of-n by the proxy on the pretrained model (the exact KL of the pool's "
+           "best-of-n; gold gain over n = 1):", "", "| n | KL | gold gain |", "|---|---|---|"]
+    md += [f"| {n} | {k:.2f} | {g:+.2f} |" for n, k, g in zip(bon["n"], bon["kl_pool"],
+                                                              bon["gold"])]
+    return "\n".join(md) + "\n"
+
+
+def plot(trajs, order, bon, starts, png):
+    """frontier.png: gold against exact KL to the reference, the mean over seeds of each arm's
+    evaluations (up to the shortest run), and best-of-n; skipped without matplotlib."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5))
+    start_gold = float(np.mean([s["eval/gold_mean"] for s in starts.values()]))
+    styles = {"dpo": "-", "ipo": "-.", "nor": ":", "ppo": "--"}
+    for i, arm in enumerate(order):
+        ts = list(trajs[arm].values())
+        n = min(len(t["kl"]) for t in ts)
+        kl = np.mean([t["kl"][:n] for t in ts], 0)
+        gold = np.mean([t["gold"][:n] for t in ts], 0)
+        length = np.mean([t["length"][:n] for t in ts], 0)
+        style = dict(color=f"C{i % 10}", linestyle=styles[arm[:3]], marker=".")
+        axes[0].plot(kl, gold, label=arm, **style)
+        axes[1].plot(kl, length, label=arm, **style)
+    axes[0].plot(bon["kl_pool"], [start_gold + g for g in bon["gold"]], color="black",
+                 marker="s", label="best-of-n (proxy)")
+    axes[0].set_xscale("symlog", linthresh=1)
+    axes[1].set_xscale("symlog", linthresh=1)
+    axes[0].set_xlabel("exact KL to the reference (nats / sequence)")
+    axes[1].set_xlabel("exact KL to the reference (nats / sequence)")
+    axes[0].set_ylabel("gold (held-out, mean over seeds)")
+    axes[1].set_ylabel("response length (tokens)")
+    axes[0].legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    store.save_figure(fig, png)
+    plt.close(fig)
+
+
+def examples(cfg, base, adir, order, seed, n=3):
+    """examples.md: what the first seed's actor of each DPO arm writes for n held-out prompts."""
+    import sample
+    enc = tokenizer.load_tokenizer(base, cfg.world.tokenizer)
+    heldout = data.load_prompts(base)["heldout"]
+    prompts = heldout[::max(1, len(heldout) // n)][:n]
+    lines = ["# What each arm's actor writes (first seed, the same sampling noise)", ""]
+    for arm in [a for a in order if a in ARMS]:
+        model, _ = load_checkpoint(os.path.join(adir, arm, f"seed{seed}", "dpo_actor.pt"))
+        run = sample.Run(model=model, enc=enc, response_length=cfg.run.response_length)
+        # With its end-of-text where it ended, as the simulated human reads it.
+        texts = [run.sample(p, seed=seed, end_of_text=True)[0] for p in prompts]
+        lines += [f"## {arm}", ""] + [f"- `{p.strip()}` → {' '.join(t.split())!r} (gold "
+                                      f"{data.gold_score(p, t):+.2f})"
+                                      for p, t in zip(prompts, texts)] + [""]
+    store.write_text(os.path.join(adir, "examples.md"), "\n".join(lines))
+
+
+def suite(opts, rest):
+    cfg = train.parse(rest)
+    base = cfg.run.out_dir
+    started = time.time()
+    with store.Lock(base):
+        main_run = train.parse(override(rest, ["--stage=all"]))
+        main_run.run.fresh = False
+        train.run_stages(main_run, upto="reward")
+        adir = os.path.join(base, opts["subdir"])
+        os.makedirs(adir, exist_ok=True)
+        order = opts["arms"].split(",")
+        seed0 = cfg.run.seed
+        threads = 1 if opts["jobs"] > 1 else 0
+        jobs = [(a, seed0 + k, rest, base, os.path.join(adir, a, f"seed{seed0 + k}"), threads)
+                for a in order for k in range(opts["seeds"])]
+        print(f"dpo_suite: {len(jobs)} runs ({opts['jobs']} at a time) into {adir}", flush=True)
+        rows, pool = [], None
+        if opts["jobs"] > 1:
+            context = multiprocessing.get_context("spawn")
+            pool = context.Pool(opts["jobs"], ablate._worker_init, (os.getpid(),))
+        try:
+            for row in (pool.imap(one_run, jobs) if pool else map(one_run, jobs)):
+                rows.append(row)
+                print(f"  {row['condition']:16s} seed {row['seed']}: gold {row['gold_mean']:+.2f} "
+                      f"kl {row['kl']:.2f} len {row['response_length']:.1f} "
+                      f"({row['seconds']:.0f}s, total {time.time() - started:.0f}s)", flush=True)
+        finally:
+            if pool:
+                pool.terminate()
+                pool.join()
+        made = ablate.made_by(started, rows, opts["jobs"], threads, cfg.run.device)
+        # The pretrained model's evaluation on each seed's stream: where every curve starts.
+        enc = tokenizer.load_tokenizer(base, cfg.world.tokenizer)
+        actor, ref, rm = stages.load_models(base, cfg.run.device)
+        heldout = data.load_prompts(base)["heldout"]
+        starts, trajs = {}, {}
+        for k in range(opts["seeds"]):
+            scfg = train.parse(override(rest, [f"--seed={seed0 + k}"]))
+            starts[seed0 + k] = during_ppo(actor, enc, heldout, scfg.run, ref, rm, scfg.eval)
+        for arm in order:
+            name = "dpo_metrics.jsonl" if arm in ARMS else "metrics.jsonl"
+            x = "step" if arm in ARMS else "iter"
+            for k in range(opts["seeds"]):
+                metrics = store.load_json(os.path.join(adir, arm, f"seed{seed0 + k}", name),
+                                          lines=True)
+                trajs.setdefault(arm, {})[seed0 + k] = trajectory(metrics, starts[seed0 + k], x)
+        # Best-of-n's pool: 12 prompts x 256 samples (--quick: 4 x 32).
+        prompts, per = opts["bon"]
+        ns = [2 ** i for i in range(int(np.log2(per)) + 1)]
+        bon = overopt.bon_curve(ablate.bon_pool(cfg, base, prompts, per), ns)
+        md = (f"# python -m lab.dpo_suite {' '.join(sys.argv[1:])}\n\n{len(jobs)} runs; the mean "
+              f"over seeds [Student-t 95 % interval, n = {opts['seeds']}]; held-out prompts.\n\n"
+              + tables(rows, trajs, order, bon) + "\n" + made[1] + "\n")
+        store.write_text(os.path.join(adir, "dpo.md"), md)
+        store.save_json(os.path.join(adir, "results.jsonl"), rows, lines=True)
+        store.save_json(os.path.join(adir, "dpo.json"), dict(rows=rows, trajectories={
+            a: {str(s): t for s, t in v.items()} for a, v in trajs.items()}, bon=bon,
+            starts={str(s): v for s, v in starts.items()}, made_by=made[0]))
+        plot(trajs, order, bon, starts, os.path.join(adir, "frontier.png"))
+        examples(cfg, base, adir, order, seed0)
+        print(md)
+
+
+def main(argv):
+    opts, rest = parse(argv)
+    try:
+        suite(opts, rest)
+    except RunError as e:
+        die(str(e), e.code)
+    except KeyboardInterrupt:
+        die("interrupted; finished runs are kept and the same command goes on from there", 130)
+
+
+if __name__ == "__main__":
+    run_main(main, sys.argv[1:])

@@ -1,0 +1,275 @@
+"""DPO and IPO through the code `python train.py --stage=dpo` runs, against slow references: each response scored
+alone (one full forward of its own row, no padding) and summed by hand over exactly its tokens and its end-of-text,
+at temperature 0.7, with left-padded prompts, truncated responses and chosen and rejected of other lengths; at the
+start (actor = reference, dropout off) every DPO loss is ln 2 and every margin 0, IPO's is (1/(2τ))²; the cached
+reference log-probs are the live ones; the loss is finite at a margin of -1,000; the reference is bit for bit what
+it was; same seed, same numbers; killed and resumed, the numbers of an uninterrupted run; bad flags are one line and
+exit 2, before any work."""
+import copy, math, os
+import pytest
+import torch
+from torch.nn import functional as F
+
+import dpo, tokenizer, train
+from reward import labelled_pairs, split_pairs
+from ref import load_reference
+from machinery import stages, state, store
+from machinery.state import load_checkpoint
+from test_state import SMOKE, copy_run, hashes, refused
+
+T = 0.7
+
+
+def smoke_pairs(run, n=12):
+    """n pairs of the smoke run's prefs.jsonl, chosen to hold truncated responses and halves of other lengths."""
+    pairs = labelled_pairs(store.load_json(os.path.join(run, "prefs.jsonl"), lines=True))
+    enc = tokenizer.load_tokenizer(run, "bpe")
+    eot = enc.eot_token
+    ended = [p for p in pairs if p["chosen"][-1] == eot and p["rejected"][-1] == eot
+             and len(p["chosen"]) != len(p["rejected"])]
+    truncated = [p for p in pairs if p["chosen"][-1] != eot or p["rejected"][-1] != eot]
+    assert ended and truncated
+    return enc, (ended[:n // 2] + truncated[:n - n // 2])
+
+
+def by_hand(model, enc, pair, half):
+    """log π(response | prompt) of one half of a pair: its own row alone, one full forward, the log-softmax at
+    temperature T of each response token (its end-of-text included where it ended) summed."""
+    prompt = [enc.eot_token] + enc.encode_ordinary(pair["prompt"])
+    seq = pair[half]
+    assert seq[:len(prompt)] == prompt
+    response = seq[len(prompt):]
+    with torch.no_grad():
+        logits = model(torch.tensor([seq]))[0][0, len(prompt) - 1:-1] / T       # (R, V)
+    return F.log_softmax(logits, -1).gather(1, torch.tensor(response)[:, None]).sum().item()
+
+
+@pytest.fixture(scope="module")
+def models(run):
+    actor, _ = load_checkpoint(os.path.join(run, "pretrain.pt"))
+    with torch.no_grad():
+        for p in actor.parameters():
+            p.add_(0.02 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+    return actor.eval(), load_reference(os.path.join(run, "ref.pt"), "cpu")
+
+
+@pytest.mark.parametrize("loss, beta, tau", [("dpo", 0.3, 0.1), ("ipo", 0.1, 0.25)])
+def test_the_loss_against_a_loop_over_pairs_scored_one_by_one(run, models, loss, beta, tau):
+    actor, ref = models
+    enc, pairs = smoke_pairs(run)
+    cfg = dpo.DPOConfig(dpo_loss=loss, dpo_beta=beta, ipo_tau=tau)
+    q, qm, resp, mask = dpo.pair_tensors(enc, pairs)
+    assert not qm.all()                                                    # the prompts are left-padded
+    lp = dpo.sequence_logprobs(actor, q, qm, resp, mask, T)
+    policy = torch.stack([lp[:len(pairs)], lp[len(pairs):]], 1)
+    reference = dpo.reference_logprobs(ref, enc, pairs, T)
+    losses = dpo.dpo_losses(dpo.margins(policy, reference, cfg), cfg)
+    for i, p in enumerate(pairs):
+        hc, hr = (by_hand(actor, enc, p, h) - by_hand(ref.model, enc, p, h) for h in ("chosen", "rejected"))
+        h = hc - hr
+        expect = (h - 1 / (2 * tau)) ** 2 if loss == "ipo" else -math.log(1 / (1 + math.exp(-beta * h)))
+        assert policy[i, 0].item() == pytest.approx(by_hand(actor, enc, p, "chosen"), abs=2e-3)
+        assert policy[i, 1].item() == pytest.approx(by_hand(actor, enc, p, "rejected"), abs=2e-3)
+        assert losses[i].item() == pytest.approx(expect, rel=1e-3, abs=1e-4)
+
+
+def test_each_half_scores_exactly_its_response_and_its_end_of_text(run, models):
+    """The mask of each half holds its own response's tokens (end-of-text included where it ended) and nothing of
+    the other half's length; what stands in the padding after it changes nothing."""
+    actor, _ = models
+    enc, pairs = smoke_pairs(run)
+    q, qm, resp, mask = dpo.pair_tensors(enc, pairs)
+    halves = [p["chosen"] for p in pairs] + [p["rejected"] for p in pairs]
+    lengths = [len(s) - n for s, n in zip(halves, qm.sum(1).tolist())]
+    assert mask.sum(1).tolist() == lengths
+    lp = dpo.sequence_logprobs(actor, q, qm, resp, mask, T)
+    noise = torch.where(mask, resp, torch.randint_like(resp, 5, 50))
+    assert torch.equal(dpo.sequence_logprobs(actor, q, qm, noise, mask, T), lp)
+
+
+def test_at_the_start_every_loss_is_ln_2_and_every_margin_0(run, models):
+    _, ref = models
+    enc, pairs = smoke_pairs(run)
+    actor = copy.deepcopy(ref.model)
+    q, qm, resp, mask = dpo.pair_tensors(enc, pairs)
+    lp = dpo.sequence_logprobs(actor, q, qm, resp, mask, T)
+    policy = torch.stack([lp[:len(pairs)], lp[len(pairs):]], 1)
+    h = dpo.margins(policy, dpo.reference_logprobs(ref, enc, pairs, T), dpo.DPOConfig())
+    assert torch.equal(h, torch.zeros_like(h))
+    assert torch.allclose(dpo.dpo_losses(h, dpo.DPOConfig(dpo_beta=0.7)), torch.full_like(h, math.log(2)))
+    ipo = dpo.DPOConfig(dpo_loss="ipo", ipo_tau=0.2)
+    assert torch.allclose(dpo.dpo_losses(h, ipo), torch.full_like(h, (1 / (2 * 0.2)) ** 2))
+
+
+def test_the_cached_reference_log_probs_are_the_live_ones(run, models):
+    _, ref = models
+    enc, pairs = smoke_pairs(run)
+    cached = dpo.reference_logprobs(ref, enc, pairs, T)
+    q, qm, resp, mask = dpo.pair_tensors(enc, pairs[:5])
+    live = dpo.sequence_logprobs(ref.model, q, qm, resp, mask, T)
+    assert torch.allclose(cached[:5], torch.stack([live[:5], live[5:]], 1), atol=1e-5)
+
+
+def test_the_loss_is_finite_at_a_margin_of_minus_1000():
+    h = torch.tensor([-1000.0, 0.0, 1000.0], requires_grad=True)
+    loss = dpo.dpo_losses(h, dpo.DPOConfig(dpo_beta=5.0)).sum()
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(h.grad).all() and h.grad[0] < 0
+
+
+def test_no_reference_puts_zeros_in_its_place():
+    policy, reference = torch.tensor([[-3.0, -5.0]]), torch.tensor([[-4.0, -1.0]])
+    assert dpo.margins(policy, reference, dpo.DPOConfig()).item() == pytest.approx(1.0 - (-4.0))
+    assert dpo.margins(policy, reference, dpo.DPOConfig(dpo_reference="none")).item() == pytest.approx(2.0)
+
+
+def dpo_run(run, out, *flags):
+    """The dpo stage's own code (stages.run_stage -> stages.stage_dpo) on a copy of the smoke run's models."""
+    cfg = train.parse(SMOKE + [f"--out_dir={run}", "--stage=dpo", *flags])
+    st = stages.BY_NAME["dpo"]
+    stages.run_stage(cfg, st, stages.stamp(cfg, st), base=run, run_dir=str(out), log=lambda line: None)
+    return store.load_json(os.path.join(out, "dpo.json")), [
+        {k: v for k, v in r.items() if not k.startswith("time/")}
+        for r in store.load_json(os.path.join(out, "dpo_metrics.jsonl"), lines=True)]
+
+
+FLAGS = ["--dpo_lr=1e-3", "--dpo_epochs=0.5", "--dpo_save_every=2", "--dpo_eval_every=3", "--eval_n=8",
+         "--n_eval=8"]
+
+
+def test_dpo_learns_logs_trl_s_names_and_leaves_the_reference_as_it_was(run, tmp_path):
+    before = hashes(run)
+    summary, rows = dpo_run(run, tmp_path, *FLAGS)
+    assert hashes(run) == before                                         # ref.pt and the rest untouched
+    first, last = rows[0], rows[-1]
+    assert first["loss"] == pytest.approx(math.log(2), abs=1e-3)       # actor = reference at the first step
+    assert last["rewards/margins"] > first["rewards/margins"] and last["loss"] < first["loss"]
+    for r in rows:
+        assert r["rewards/margins"] == pytest.approx(r["rewards/chosen"] - r["rewards/rejected"], abs=1e-6)
+        assert 0 <= r["rewards/accuracies"] <= 1 and r["logps/chosen"] < 0 and r["logps/rejected"] < 0
+    steps = len(rows)
+    assert steps == math.ceil(0.5 * math.ceil(summary["n_train"] / 32))   # half an epoch of batches of 32
+    assert [r["step"] for r in rows if "eval/kl" in r] == sorted({3, 6, steps})  # every 3 steps and the last
+    assert all(r["eval/response_length"] > 0 and 0 <= r["eval/eos_rate"] <= 1 for r in rows if "eval/kl" in r)
+    assert summary["final"]["kl"] > 0 and 0 <= summary["implicit"]["acc_noisy"] <= 1
+    assert summary["bestofk"]["k"] and os.path.exists(tmp_path / "dpo_actor.pt")
+    assert not os.path.exists(tmp_path / "dpo_state.pt")
+
+
+def test_dropout_is_off_in_the_policy_s_and_the_reference_s_log_probs(run, tmp_path, monkeypatch):
+    """Models made with dropout 0.5 and the actor left in training mode: the first step's loss is still ln 2
+    (actor = reference), because DPO scores with dropout off on both sides."""
+    load = stages.load_models
+
+    def with_dropout(base, device):
+        actor, ref, rm = load(base, device)
+        for m in list(actor.modules()) + list(ref.model.modules()):
+            if isinstance(m, torch.nn.Dropout):
+                m.p = 0.5
+            if hasattr(m, "dropout") and isinstance(m.dropout, float):
+                m.dropout = 0.5
+        return actor.train(), ref, rm
+    monkeypatch.setattr(stages, "load_models", with_dropout)
+    _, rows = dpo_run(run, tmp_path, "--dpo_epochs=0.1", "--dpo_lr=1e-3")
+    assert rows[0]["loss"] == pytest.approx(math.log(2), abs=1e-5)
+    assert rows[0]["rewards/margins"] == pytest.approx(0.0, abs=1e-5)
+
+
+class Killed(BaseException):
+    """Stands for kill -9: nothing of the run's own code handles it."""
+
+
+def test_same_seed_same_numbers_and_killed_and_resumed_the_same(run, tmp_path, monkeypatch):
+    whole, rows = dpo_run(run, tmp_path / "a", *FLAGS)
+    again, rows_again = dpo_run(run, tmp_path / "b", *FLAGS)
+    assert rows_again == rows and again["final"] == whole["final"]
+    save = state.save_dpo_state
+
+    def killed_after_step_4(path, stamp, step, *a):
+        save(path, stamp, step, *a)
+        if step == 4:
+            raise Killed
+    monkeypatch.setattr(state, "save_dpo_state", killed_after_step_4)
+    with pytest.raises(Killed):
+        dpo_run(run, tmp_path / "c", *FLAGS)
+    monkeypatch.setattr(state, "save_dpo_state", save)
+    resumed, rows_resumed = dpo_run(run, tmp_path / "c", *FLAGS)
+    assert rows_resumed == rows and resumed["final"] == whole["final"]
+
+
+def test_the_stage_runs_from_train_py_beside_the_pipeline(run, tmp_path, capsys):
+    """--stage=dpo on a finished run: nothing else is redone or removed; `python train.py` afterwards keeps every
+    stage and leaves DPO's outputs as they are."""
+    out = copy_run(run, tmp_path)
+    train.main(SMOKE + [f"--out_dir={out}", "--stage=dpo", "--dpo_epochs=0.2"])
+    assert "dpo: held-out gold" in capsys.readouterr().out
+    made = hashes(out)
+    train.main(SMOKE + [f"--out_dir={out}"])
+    said = capsys.readouterr().out
+    assert said.count("done with this config, kept") == 7 and "stage dpo" not in said
+    assert all(made[k] == v for k, v in hashes(out).items() if "dpo" in k)
+
+
+@pytest.mark.parametrize("flag, why", [("--dpo_beta=0", ">0"), ("--ipo_tau=-1", ">0"), ("--dpo_epochs=0", ">0"),
+                                       ("--dpo_batch_size=100000", "training pairs"),
+                                       ("--dpo_lr=nan", "finite"), ("--dpo_loss=kto", "choose dpo, ipo")])
+def test_bad_flags_are_one_line_and_nothing_is_lost(run, tmp_path, capsys, flag, why):
+    out = copy_run(run, tmp_path)
+    before = hashes(out)
+    assert why in refused(SMOKE + [f"--out_dir={out}", "--stage=dpo", flag], capsys)
+    assert hashes(out) == before
+
+
+def test_torchrun_is_refused_for_the_dpo_stage(run, tmp_path, capsys, monkeypatch):
+    out = copy_run(run, tmp_path)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert "one process" in refused(SMOKE + [f"--out_dir={out}", "--stage=dpo"], capsys)
+
+
+def test_a_fraction_of_an_epoch_is_allowed_and_the_split_is_the_reward_model_s(run):
+    cfg = train.parse(SMOKE + ["--dpo_epochs=0.25"])
+    assert cfg.dpo.dpo_epochs == 0.25
+    import numpy as np
+    pairs = labelled_pairs(store.load_json(os.path.join(run, "prefs.jsonl"), lines=True))
+    val, train_split = split_pairs(pairs, cfg.reward.rm_val_frac, np.random.default_rng(cfg.run.seed))
+    assert len(val) == store.load_json(os.path.join(run, "reward.json"))["n_val"]
+    assert len(train_split) == store.load_json(os.path.join(run, "reward.json"))["n_train"]
+
+
+def test_the_suite_draws_each_arm_s_curve_from_the_start_and_reuses_finished_runs(run, tmp_path):
+    """lab.dpo_suite on a copy of the smoke run: a DPO, a no-reference and a PPO arm over 2 seeds, each
+    trajectory starting at the pretrained model (KL 0) and ending at the run's last evaluation; the tables name
+    every arm with a Student-t interval; the same command again reuses every run."""
+    from lab import dpo_suite
+    out = copy_run(run, tmp_path)
+    argv = SMOKE + [f"--out_dir={out}", "--arms=dpo_0.1,noref_0.1,ppo_adaptive", "--seeds=2", "--jobs=1",
+                    "--dpo_epochs=0.2", "--ppo_iters=2", "--dpo_eval_every=2", "--eval_every=1", "--eval_n=8", "--n_eval=8",
+                    "--bon=2x4"]
+    dpo_suite.main(argv)
+    adir = os.path.join(out, "dpo_suite")
+    result = store.load_json(os.path.join(adir, "dpo.json"))
+    for arm in ("dpo_0.1", "noref_0.1", "ppo_adaptive"):
+        for seed in ("1337", "1338"):
+            t = result["trajectories"][arm][seed]
+            name = "dpo_metrics.jsonl" if arm != "ppo_adaptive" else "metrics.jsonl"
+            rows = [r for r in store.load_json(os.path.join(adir, arm, f"seed{seed}", name), lines=True)
+                    if "eval/kl" in r]
+            assert t["kl"][0] == pytest.approx(0.0, abs=1e-4) and t["kl"][1:] == [r["eval/kl"] for r in rows]
+            assert t["gold"][0] == result["starts"][seed]["eval/gold_mean"]
+    md = open(os.path.join(adir, "dpo.md")).read()
+    assert "Student-t 95 % interval, n = 2" in md
+    assert all(f"| {arm} | 2 |" in md for arm in ("dpo_0.1", "noref_0.1", "ppo_adaptive"))
+    record = os.path.join(adir, "dpo_0.1", "seed1337", "run.json")
+    made = os.path.getmtime(record)
+    dpo_suite.main(argv)
+    assert os.path.getmtime(record) == made
+
+
+@pytest.mark.parametrize("flag, why", [("--arms=dpo_7", "unknown arm"), ("--arms=dpo_0.1,dpo_0.1", "twice"),
+                                       ("--dpo_eval_every=0", "must be > 0"), ("--seeds=0", ">= 1")])
+def test_the_suite_refuses_bad_flags_before_any_work(tmp_path, capsys, flag, why):
+    from lab import dpo_suite
+    with pytest.raises(SystemExit) as e:
+        dpo_suite.main(SMOKE + [f"--out_dir={tmp_path}", "--eval_every=1", flag])
+    assert e.value.code == 2 and why in capsys.readouterr().err
+    assert os.listdir(tmp_path) == []

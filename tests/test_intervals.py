@@ -1,0 +1,47 @@
+"""The intervals the tables print cover what they say: tables.t_ci simulated at the seed counts the suites use
+(3, 5, 10), for a normal and a skewed distribution (gamma, shape 6: skewness 0.82), covers the true mean 93-97 %
+of the time at a nominal 95 %; the percentile bootstrap it replaces covers about 75 % at 3 seeds. The t quantile
+is checked against printed tables."""
+import numpy as np
+import pytest
+
+from lab.tables import bootstrap_ci, t_ci, t_quantile
+
+
+@pytest.mark.parametrize("df, expect", [(1, 12.706), (2, 4.303), (4, 2.776), (9, 2.262), (30, 2.042)])
+def test_the_t_quantile_is_the_printed_one(df, expect):
+    assert t_quantile(0.975, df) == pytest.approx(expect, abs=1e-3)
+
+
+def coverage(interval, draw, mean, n, reps, seed=0):
+    rng = np.random.default_rng(seed)
+    hits = 0
+    for _ in range(reps):
+        _, lo, hi = interval(draw(rng, n))
+        hits += lo <= mean <= hi
+    return hits / reps
+
+
+DISTRIBUTIONS = {"normal": (lambda rng, n: rng.normal(2.0, 0.5, n), 2.0),
+                 "gamma6": (lambda rng, n: rng.gamma(6.0, 1.0, n), 6.0)}
+
+
+@pytest.mark.parametrize("name", DISTRIBUTIONS)
+@pytest.mark.parametrize("n", [3, 5, 10])
+def test_the_t_interval_covers_95_percent_at_the_seed_counts_the_tables_use(name, n):
+    draw, mean = DISTRIBUTIONS[name]
+    assert 0.93 <= coverage(t_ci, draw, mean, n, 10000) <= 0.97
+
+
+def test_the_percentile_bootstrap_at_3_seeds_covers_about_three_quarters():
+    draw, mean = DISTRIBUTIONS["normal"]
+    got = coverage(lambda x: bootstrap_ci(x, n_boot=2000), draw, mean, 3, 1000)
+    assert 0.70 <= got <= 0.82
+
+
+def test_the_t_interval_is_mean_plus_minus_t_s_over_root_n():
+    x = [1.0, 2.0, 4.0]
+    mean, lo, hi = t_ci(x)
+    assert mean == pytest.approx(7 / 3)
+    assert hi - mean == pytest.approx(4.303 * np.std(x, ddof=1) / np.sqrt(3), rel=1e-3)
+    assert mean - lo == pytest.approx(hi - mean)
