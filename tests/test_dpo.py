@@ -208,6 +208,13 @@ def test_the_stage_runs_from_train_py_beside_the_pipeline(run, tmp_path, capsys)
     said = capsys.readouterr().out
     assert said.count("done with this config, kept") == 7 and "stage dpo" not in said
     assert all(made[k] == v for k, v in hashes(out).items() if "dpo" in k)
+    # Sampled and inspected like PPO's actor: its own page, no PPO critic's advantages on it.
+    import sample
+    from lab import inspect_page
+    assert len(sample.load_run(str(out), "dpo").sample("review: the apex max phone\n", num_samples=2)) == 2
+    inspect_page.main(SMOKE + [f"--out_dir={out}", "--inspect_n=2", f"--inspect_actor={out}/dpo_actor.pt"])
+    page = open(os.path.join(out, "inspect_dpo.html")).read()
+    assert "dpo_actor.pt" in page and "No PPO critic" in page and not os.path.exists(os.path.join(out, "inspect.html"))
 
 
 @pytest.mark.parametrize("flag, why", [("--dpo_beta=0", ">0"), ("--ipo_tau=-1", ">0"), ("--dpo_epochs=0", ">0"),
