@@ -89,17 +89,26 @@ def sequence_logprobs(model, q, qm, resp, mask, temperature):
     return torch.where(mask, token_logprobs(logits, resp), 0.0).sum(1)  # (2b,)
 
 
+def pair_logprobs(lp):
+    """Each pair's (chosen, rejected) from pair_tensors' rows (2b,), chosen first: (b, 2)."""
+    b = len(lp) // 2
+    return torch.stack([lp[:b], lp[b:]], 1)  # (b, 2)
+
+
 @torch.no_grad()
-def reference_logprobs(ref, enc, pairs, temperature, batch=64):
-    """The reference's sequence log-probs of every pair, (n, 2): chosen, rejected. Computed once,
-    by sequence_logprobs, as the policy's are."""
+def all_pair_logprobs(model, enc, pairs, temperature, batch=64):
+    """`model`'s sequence log-probs of every pair, (n, 2): chosen, rejected; in batches."""
     out = []
     for i in range(0, len(pairs), batch):
-        chunk = pairs[i:i + batch]
-        q, qm, resp, mask = pair_tensors(enc, chunk)
-        lp = sequence_logprobs(ref.model, q, qm, resp, mask, temperature)  # (2b,)
-        out.append(torch.stack([lp[:len(chunk)], lp[len(chunk):]], 1))
+        q, qm, resp, mask = pair_tensors(enc, pairs[i:i + batch])
+        out.append(pair_logprobs(sequence_logprobs(model, q, qm, resp, mask, temperature)))
     return torch.cat(out)  # (n, 2)
+
+
+def reference_logprobs(ref, enc, pairs, temperature):
+    """The reference's sequence log-probs of every pair, (n, 2): chosen, rejected. Computed once,
+    by sequence_logprobs, as the policy's are."""
+    return all_pair_logprobs(ref.model, enc, pairs, temperature)
 
 
 def margins(policy, reference, cfg):
@@ -143,14 +152,8 @@ def implicit_accuracy(actor, ref, enc, pairs, cfg, temperature):
     """The implicit reward's held-out accuracy: the fraction of pairs whose margin h ranks them as
     the noisy label does (acc_noisy) and, of the pairs whose gold scores differ, as the gold order
     does (acc_gold)."""
-    h = []
-    for i in range(0, len(pairs), 64):
-        chunk = pairs[i:i + 64]
-        q, qm, resp, mask = pair_tensors(enc, chunk)
-        lp = sequence_logprobs(actor, q, qm, resp, mask, temperature)
-        policy = torch.stack([lp[:len(chunk)], lp[len(chunk):]], 1)  # (b, 2)
-        h.append(margins(policy, reference_logprobs(ref, enc, chunk, temperature), cfg))
-    h = torch.cat(h)
+    policy = all_pair_logprobs(actor, enc, pairs, temperature)  # (n, 2)
+    h = margins(policy, reference_logprobs(ref, enc, pairs, temperature), cfg)  # (n,)
     gold = torch.tensor([p["gold_chosen"] - p["gold_rejected"] for p in pairs])
     decided = gold != 0
     return dict(acc_noisy=(h > 0).float().mean().item(),
@@ -188,7 +191,7 @@ def train_dpo(actor, ref, rm, enc, pairs, cfg, run_dir, stamp, log, heldout, spl
         chunk = [train[i] for i in idx.tolist()]
         q, qm, resp, mask = (x.to(run.device) for x in pair_tensors(enc, chunk))
         lp = sequence_logprobs(actor, q, qm, resp, mask, run.temperature)  # (2b,)
-        policy = torch.stack([lp[:len(chunk)], lp[len(chunk):]], 1)  # (b, 2)
+        policy = pair_logprobs(lp)  # (b, 2)
         reference = cached[idx].to(policy)  # (b, 2)
         losses = dpo_losses(margins(policy, reference, dc), dc)
         guard.backward_and_step(losses.mean(), opt, list(actor.parameters()), 1.0)
