@@ -49,6 +49,9 @@ class KLConfig:
                                                  "seq_mean"])
     kl_in: str = arg("reward", help="reward (-β·kl per token, detached) or loss (β·Σ_t kl, "
                      "differentiated)", choices=["reward", "loss"])
+    kl_placement: str = arg("token", help="--kl_in=reward: token (-β·kl_t at every token) or "
+                            "sequence (-β·Σ_t kl_t at the last token, with the score)",
+                            choices=["token", "sequence"])
 
 
 # ---- per-token estimators (B, R) ----
@@ -93,6 +96,9 @@ def check(cfg):
         return ("--kl_estimator=full_forward is a loss only: use it with --kl_in=loss (as a "
                 "detached reward it weighs which states are visited and never pulls π_θ towards "
                 "π_ref)")
+    if cfg.kl.kl_placement == "sequence" and cfg.kl.kl_in != "reward":
+        return ("--kl_placement=sequence places the reward's penalty: use it with --kl_in=reward "
+                "(the loss already sums the KL per sequence)")
     return None
 
 
@@ -121,14 +127,18 @@ def per_token_kl(name, logp, logp_ref, logits=None, logits_ref=None, mask=None):
     return ESTIMATORS[name](logp, logp_ref)
 
 
-def shaped_rewards(scores, kl, mask, beta):
+def shaped_rewards(scores, kl, mask, beta, placement="token"):
     """rewards (B, R): -β·kl_t on every response token up to and including end-of-text, plus the
     reward model's score (B,) on the last real token (end-of-text, or the last token of a
-    truncated response)."""
+    truncated response). placement sequence: the same total, -β·Σ_t kl_t, paid at the last real
+    token with the score, and 0 before it (no per-token credit)."""
     # Nothing after end-of-text counts.
     rewards = -beta * kl * mask
     # The index of each row's last real token.
     last = mask.long().sum(1) - 1  # (B,)
+    if placement == "sequence":
+        scores = scores.to(rewards.dtype) + rewards.sum(1)  # (B,)
+        rewards = torch.zeros_like(rewards)
     return rewards.scatter_add(1, last[:, None], scores[:, None].to(rewards.dtype))
 
 

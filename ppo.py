@@ -198,7 +198,7 @@ def make_experience(actor, critic, ref, pen_ref, rm, query, query_mask, response
     kl = per_token_kl(kl_cfg.kl_estimator, old_logprobs, pen_logprobs, logits, pen_logits, mask)
     # The loss form: the update pays the KL, the rewards do not hold it.
     in_reward = kl if kl_cfg.kl_in == "reward" else torch.zeros_like(kl)
-    rewards = shaped_rewards(reward, in_reward, mask, beta)  # (B, R)
+    rewards = shaped_rewards(reward, in_reward, mask, beta, kl_cfg.kl_placement)  # (B, R)
     if cfg.advantage == "gae":
         advantages, returns = compute_gae(rewards, values, mask, cfg.gamma, cfg.lam)
         trained = whiten(advantages, mask)

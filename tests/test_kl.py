@@ -66,6 +66,23 @@ def test_shaped_rewards_by_hand():
     torch.testing.assert_close(r, torch.tensor([[-0.1, 10.0 - 0.2, 0.0, 0.0], [-0.05, -0.05, -0.05, -1.05]]))
 
 
+def test_sequence_placement_by_hand():
+    klv = torch.tensor([[1.0, 2.0, 3.0, 4.0], [0.5, 0.5, 0.5, 0.5]])
+    mask = torch.tensor([[True, True, False, False], [True, True, True, True]])   # row 0 ends at t=1
+    scores = torch.tensor([10.0, -1.0])
+    r = kl.shaped_rewards(scores, klv, mask, beta=0.1, placement="sequence")
+    # The whole penalty where the score is, nothing before it: the token placement's row sums.
+    torch.testing.assert_close(r, torch.tensor([[0.0, 10.0 - 0.3, 0.0, 0.0], [0.0, 0.0, 0.0, -1.2]]))
+    torch.testing.assert_close(r.sum(1), kl.shaped_rewards(scores, klv, mask, beta=0.1).sum(1))
+
+
+def test_sequence_placement_only_in_the_reward():
+    import train
+    with pytest.raises(SystemExit):
+        train.parse(["--kl_placement=sequence", "--kl_in=loss"])
+    assert train.parse(["--kl_placement=sequence"]).kl.kl_placement == "sequence"
+
+
 def test_adaptive_controller_by_hand():
     c = kl.AdaptiveKLController(0.1, target=6.0, horizon=10000)
     c.update(9.0, 64)                                    # error 0.5 clipped to 0.2

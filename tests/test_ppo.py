@@ -95,8 +95,9 @@ def slow_row(model, prompt, response, T):
     return F.log_softmax(logits, -1).gather(1, torch.tensor(response)[:, None])[:, 0]
 
 
-def slow_experience(actor, ref, critic, rm, prompts, resp, beta, gamma, lam, penalty, T):
-    """make_experience, the slow way: every row alone, GAE as an explicit sum, whitening over all real tokens."""
+def slow_experience(actor, ref, critic, rm, prompts, resp, beta, gamma, lam, penalty, T, placement="token"):
+    """make_experience, the slow way: every row alone, GAE as an explicit sum, whitening over all real tokens;
+    placement sequence: the summed penalty at the last token alone."""
     rows = []
     for p, r in zip(prompts, resp.tolist()):
         n = r.index(EOS) + 1 if EOS in r else len(r)               # real tokens, end-of-text included
@@ -107,6 +108,9 @@ def slow_experience(actor, ref, critic, rm, prompts, resp, beta, gamma, lam, pen
             values = critic(seq)[0, len(p) - 1:-1]
             score = rm(seq)[0, -1].item() - (penalty if EOS not in r else 0.0)
         rewards = -beta * (lp - lp_ref)
+        if placement == "sequence":
+            rewards = torch.zeros(n)
+            rewards[-1] = -beta * (lp - lp_ref).sum()
         rewards[-1] += score
         V = lambda t: values[t].item() if t < n else 0.0
         adv = [sum((gamma * lam) ** (k - t) * (rewards[k].item() + gamma * V(k + 1) - V(k)) for k in range(t, n))
@@ -119,13 +123,15 @@ def slow_experience(actor, ref, critic, rm, prompts, resp, beta, gamma, lam, pen
     return rows
 
 
-@pytest.mark.parametrize("gamma, lam, T", [(0.9, 0.8, 0.7), (1.0, 0.95, 1.0)])
-def test_make_experience_equals_a_slow_per_row_computation(gamma, lam, T):
+@pytest.mark.parametrize("gamma, lam, T, placement", [(0.9, 0.8, 0.7, "token"), (1.0, 0.95, 1.0, "token"),
+                                                      (0.9, 0.8, 0.7, "sequence"), (1.0, 1.0, 0.7, "sequence")])
+def test_make_experience_equals_a_slow_per_row_computation(gamma, lam, T, placement):
     actor, ref, critic, rm, prompts, q, qm, resp = tiny()
     beta, penalty = 0.3, 0.7
     cfg = ppo.PPOConfig(gamma=gamma, lam=lam, missing_eos_penalty=penalty)
-    batch, info = ppo.make_experience(actor, critic, ref, ref, rm, q, qm, resp, EOS, beta, KLConfig(), cfg, T)
-    slow = slow_experience(actor, ref, critic, rm, prompts, resp, beta, gamma, lam, penalty, T)
+    kl_cfg = KLConfig(kl_placement=placement)
+    batch, info = ppo.make_experience(actor, critic, ref, ref, rm, q, qm, resp, EOS, beta, kl_cfg, cfg, T)
+    slow = slow_experience(actor, ref, critic, rm, prompts, resp, beta, gamma, lam, penalty, T, placement)
     close = lambda a, b: torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
     assert [int(m.sum()) for m in batch["mask"]] == [r["n"] for r in slow] == [5, 10, *[r["n"] for r in slow[2:]]]
     for b, r in enumerate(slow):
