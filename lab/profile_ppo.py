@@ -24,8 +24,10 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 import data, ppo, tokenizer, train
-from machinery import evaluate, provenance, stages
+from reward import gold_normaliser
+from machinery import evaluate, provenance, stages, store
 from machinery.errors import RunError, die, run_main
+from options import cheap_ref
 
 PHASES = ("rollout", "experience", "update", "evaluation")
 CLASSES = ("matmul", "attention", "optimizer", "sampling", "element-wise and other",
@@ -87,13 +89,16 @@ def one_pass(cfg, profiled):
     enc = tokenizer.load_tokenizer(base, cfg.world.tokenizer)
     prompts = data.load_prompts(base)
     actor, ref, rm = stages.load_models(base, run.device)
+    # As stages.run_ppo sets them up: --ref's reference, the critic, the gold normaliser.
+    actor, ref = cheap_ref.make_reference(actor, ref, cfg.ref)
     critic = copy.deepcopy(rm).requires_grad_(True) if cfg.ppo.advantage == "gae" else None
+    gold_norm = gold_normaliser(store.load_json(f"{base}/prefs.jsonl", lines=True))
     stages.seed_everything(run.seed)
     seconds = {p: [] for p in PHASES}
     prof = profile(activities=[ProfilerActivity.CPU]) if profiled else contextlib.nullcontext()
     with tempfile.TemporaryDirectory() as tmp, phases_timed(seconds, profiled), prof:
         ppo.train_ppo(actor, critic, ref, rm, enc, prompts["train"], cfg, tmp, stamp={},
-                      log=lambda line: None, heldout=prompts["heldout"])
+                      log=lambda line: None, gold_norm=gold_norm, heldout=prompts["heldout"])
         t = time.perf_counter()
         with record_function("phase:evaluation") if profiled else contextlib.nullcontext():
             evaluate.during_ppo(actor, enc, prompts["heldout"], run, ref, rm, cfg.eval)
