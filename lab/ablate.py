@@ -15,13 +15,13 @@ seeds each.
                                              # (default: 2 processes, 1 thread each)
     python -m lab.ablate --suite=cheap       # cheaper references and the KL rollback
                                              # -> also out/ablate/results_ref.md
-    python -m lab.ablate --suite=overopt     # is the penalty more than early stopping? 120
-                                             # iterations, held-out evaluation every 10, best-of-n
+    python -m lab.ablate --suite=overopt     # is the penalty more than early stopping? 5 seeds,
+                                             # 200 held-out samples after every iteration, best-of-n
                                              # -> out/ablate_overopt/ (overopt.md, .json, .png)
     python -m lab.ablate --fresh             # this command's runs again from the start
                                              # (never the main run: train.py's)
 
-results.md gives each column's mean with a 95 % bootstrap interval over seeds, then each condition
+results.md gives each column's mean with a Student-t 95 % interval over seeds, then each condition
 minus `adaptive` (or the suite's first condition) paired over seeds; an interval that holds 0 is
 printed "not separated".
 Each run folder's run.json, written last, records the config, input and output hashes the run was
@@ -39,10 +39,14 @@ CONDITIONS.
 A condition in BASES runs on another base instead: a reward model of other size or data, or a
 second pretrained model (world, pretraining and reward model reseeded), made under
 --out_dir/SUBDIR/bases/NAME by train.py's stages from what the main run already has.
-The overopt suite (SUITE_FLAGS: its own budget, so its own folder, and not part of `all`) adds
-best-of-n by the proxy on the main, rm_layers and pairs bases' pretrained models and each run's
-evaluation trajectory, fitted as Gao et al. 2022 do (overopt.py).
-Its statistics (bootstrap intervals, paired differences), tables and plots are in tables.py.
+The overopt suite (SUITE_FLAGS: its own budget, so its own folder, and not part of `all`) runs
+β = 0 until it passes 12 nats at three learning rates, evaluated after every iteration; β = 0
+stopped at budgets of 1-6 nats; fixed β, the adaptive controller and the mechanism's arms (the
+penalty per sequence, λ = 1, RLOO) for 240 iterations, evaluated every 4th; the key pair on other
+proxies and a second pretrained model. It adds best-of-n by the proxy on each reward model's
+pretrained model, and tables.overopt_tables reads the trajectories as frontiers, pairs each
+penalty with its own β = 0 run, and fits Gao et al. 2022's forms (overopt.py).
+Its statistics (Student-t intervals, paired differences), tables and plots are in tables.py.
 Left out: hyper-parameter search per condition; conditions are compared at one shared budget.
 """
 # Ctrl-C while the imports below load torch (seconds) is one line and exit 130.
@@ -54,7 +58,6 @@ import numpy as np
 import torch
 
 import data, tokenizer, train
-from kl import KLConfig
 from ppo import PPOConfig
 from machinery import provenance, records, stages, store
 from machinery.config import check_once, override
@@ -66,9 +69,20 @@ from lab import overopt
 from lab.tables import (DEFAULT_CONDITION, beta_table, bestofk_cells, bestofk_curves, bestofk_table,
                     overopt_tables, plot, ref_table, summarise, verifiable_columns)
 
-KL_TARGET = KLConfig().kl_target
 PPO_LR = PPOConfig().ppo_lr
-CONDITIONS_LR = {"no_kl": ["--kl_ctl=fixed", "--init_kl_coef=0"], "adaptive": []}
+# The frontier's β = 0 runs stop at the first rollout past FREE_KL nats (their last evaluation is
+# of that actor), or at FREE_ITERS iterations.
+FREE_KL, FREE_ITERS = 12, 480
+NO_KL = ["--kl_ctl=fixed", "--init_kl_coef=0"]
+FREE = [f"--stop_kl={FREE_KL}", f"--ppo_iters={FREE_ITERS}"]
+# The learning rates of the β = 0 frontier: the default, ¼ and 1/16 of it.
+FREE_LRS = {"": [], "_lr_x0.25": [f"--ppo_lr={PPO_LR / 4:g}"],
+            "_lr_x0.0625": [f"--ppo_lr={PPO_LR / 16:g}"]}
+STOP_KLS = (1, 2, 3, 4, 6)
+# The penalised runs' budget: long enough for gold to flatten, evaluated every 4th iteration.
+LONG_ITERS, PENALISED_EVERY = 240, 4
+LONG = [f"--ppo_iters={LONG_ITERS}", f"--eval_every={PENALISED_EVERY}"]
+LONG_BETAS = ("0.01", "0.03", "0.1", "0.3", "1")
 # condition -> train.py flags. A condition in SAME_AS has the same flags as another and reuses its
 # runs.
 CONDITIONS = {
@@ -132,32 +146,41 @@ CONDITIONS = {
     "grpo_k3loss": ["--advantage=grpo", "--kl_in=loss", "--kl_estimator=k3", "--kl_ctl=fixed",
                     "--init_kl_coef=0.001"],
     "grpo_no_kl": ["--advantage=grpo", "--kl_ctl=fixed", "--init_kl_coef=0"],
-    # Is the penalty more than early stopping (overopt.py)? β = 0 stopped at the adaptive
-    # controller's target KL; the actor's learning rate at ¼ and 4 times the default.
-    "stop_at_target": ["--kl_ctl=fixed", "--init_kl_coef=0", f"--stop_kl={KL_TARGET:g}"],
-    **{f"{c}_lr_x{f:g}": CONDITIONS_LR[c] + [f"--ppo_lr={PPO_LR * f:g}"]
-       for c in ("no_kl", "adaptive") for f in (0.25, 4)},
-    # The proxy's size and data, and a second pretrained model (BASES says which).
-    "no_kl_rm1": ["--kl_ctl=fixed", "--init_kl_coef=0"],
-    "no_kl_rm4": ["--kl_ctl=fixed", "--init_kl_coef=0"],
-    "no_kl_pairs1500": ["--kl_ctl=fixed", "--init_kl_coef=0"],
-    "no_kl_pairs3000": ["--kl_ctl=fixed", "--init_kl_coef=0"],
-    "adaptive_model2": [],
-    "stop_model2": ["--kl_ctl=fixed", "--init_kl_coef=0", f"--stop_kl={KL_TARGET:g}"],
+    # The early-stopping frontier (the overopt suite, evaluated every iteration): β = 0 run until
+    # its rollout passes FREE_KL nats (then it stops, its last evaluation past it), at three
+    # learning rates; β = 0 stopped at a budget; fixed β and the adaptive controller on a long
+    # budget, evaluated every PENALISED_EVERY iterations.
+    **{f"free{lr}": NO_KL + lr_flag for lr, lr_flag in FREE_LRS.items()},
+    **{f"stop_{k:g}": NO_KL + [f"--stop_kl={k:g}"] for k in STOP_KLS},
+    **{f"long_{b}": ["--kl_ctl=fixed", f"--init_kl_coef={b}"] for b in LONG_BETAS},
+    "long_adaptive": [],
+    # The mechanism: the same β = 0.1 paid once per sequence (at GAE's λ = 0.95 and 1), the
+    # per-token penalty at λ = 1, and RLOO (no critic; its KL in the reward is per sequence by
+    # construction), each beside its own β = 0 run.
+    "long_seq_0.1": ["--kl_ctl=fixed", "--init_kl_coef=0.1", "--kl_placement=sequence"],
+    "long_seq_0.1_lam1": ["--kl_ctl=fixed", "--init_kl_coef=0.1", "--kl_placement=sequence",
+                          "--lam=1"],
+    "long_0.1_lam1": ["--kl_ctl=fixed", "--init_kl_coef=0.1", "--lam=1"],
+    "free_lam1": NO_KL + ["--lam=1"],
+    "long_rloo_0.1": ["--advantage=rloo", "--kl_ctl=fixed", "--init_kl_coef=0.1"],
+    "free_rloo": NO_KL + ["--advantage=rloo"],
+    # The key pair (the adaptive controller and its β = 0 run) on other proxies and a second
+    # pretrained model (BASES says which).
+    **{f"{arm}_{b}": flags for arm, flags in (("long_adaptive", []), ("free", NO_KL))
+       for b in ("rm1", "rm4", "pairs1500", "pairs3000", "model2")},
 }
+# The overopt conditions' own budgets: β = 0 until it passes FREE_KL nats, the penalised runs for
+# LONG_ITERS iterations (the suite's, SUITE_FLAGS, for the rest).
+BUDGETS = {c: FREE if c.startswith("free") else LONG for c in CONDITIONS
+           if c.startswith(("free", "long_"))}
 # condition -> (its base's folder name, the flags of the stages before PPO): a condition whose
 # reward model or pretrained model is not the main run's. Its base, out/ablate/bases/NAME, is made
 # by train.py's stages from a copy of the main run's world and pretrained model (what the flags
 # leave alone is reused); model2 reseeds everything, the world included.
-BASES = {"no_kl_rm1": ("rm_layers1", ["--rm_layers=1"]),
-         "no_kl_rm4": ("rm_layers4", ["--rm_layers=4"]),
-         "no_kl_pairs1500": ("pairs1500", ["--n_pairs=1500"]),
-         "no_kl_pairs3000": ("pairs3000", ["--n_pairs=3000"]),
-         "adaptive_model2": ("model2", ["--seed=4242"]),
-         "stop_model2": ("model2", ["--seed=4242"])}
-# Seeds at most, where a suite's axis is run with fewer than --seeds.
-FEWER_SEEDS = {**{f"{c}_lr_x{f:g}": 2 for c in ("no_kl", "adaptive") for f in (0.25, 4)},
-               "no_kl_rm1": 2, "no_kl_rm4": 2, "no_kl_pairs1500": 2, "no_kl_pairs3000": 2}
+BASE_OF = {"rm1": ("rm_layers1", ["--rm_layers=1"]), "rm4": ("rm_layers4", ["--rm_layers=4"]),
+           "pairs1500": ("pairs1500", ["--n_pairs=1500"]),
+           "pairs3000": ("pairs3000", ["--n_pairs=3000"]), "model2": ("model2", ["--seed=4242"])}
+BASES = {f"{arm}_{b}": BASE_OF[b] for arm in ("long_adaptive", "free") for b in BASE_OF}
 SAME_AS = {"est_k1": "adaptive", "est_k1_reward": "adaptive", "est_k3_reward": "est_k3",
            "ref_full": "adaptive", "drift": "fixed_0.005"}
 CORE = ["no_kl", "rolling_ref", "fixed_0.005", "fixed_0.05", "fixed_0.5", "adaptive", "band",
@@ -176,14 +199,16 @@ SUITES = {
     "verifiable": ["gold_adaptive", "gold_no_kl", "gold_grpo_k3loss", "gold_grpo_no_kl",
                    "gold_rloo", "gold_forward_kl", "adaptive", "no_kl", "grpo_k3loss",
                    "grpo_no_kl"],
-    "overopt": ["no_kl", "beta_0.01", "beta_0.03", "beta_0.1", "adaptive", "stop_at_target",
-                "no_kl_lr_x0.25", "no_kl_lr_x4", "adaptive_lr_x0.25", "adaptive_lr_x4",
-                "no_kl_rm1", "no_kl_rm4", "no_kl_pairs1500", "no_kl_pairs3000",
-                "adaptive_model2", "stop_model2"],
+    # In the order they run: the longest first.
+    "overopt": ["free_lr_x0.0625", "free_lr_x0.25", "free", *(f"stop_{k:g}" for k in STOP_KLS),
+                "long_adaptive", *(f"long_{b}" for b in LONG_BETAS), "long_seq_0.1",
+                "long_seq_0.1_lam1", "long_0.1_lam1", "free_lam1", "long_rloo_0.1", "free_rloo",
+                *(f"{arm}_{b}" for b in BASE_OF for arm in ("long_adaptive", "free"))],
 }
-# A suite's own budget, before the user's flags: overopt runs past the unpenalised run's peak and
-# evaluates every 10 iterations.
-SUITE_FLAGS = {"overopt": ["--ppo_iters=120", "--eval_every=10"]}
+# A suite's own budget, before the user's flags: overopt evaluates on 200 held-out samples after
+# every iteration (its penalised runs every PENALISED_EVERY), at 5 seeds.
+SUITE_FLAGS = {"overopt": [f"--ppo_iters={LONG_ITERS}", "--eval_every=1", "--eval_n=200"]}
+SUITE_SEEDS = {"overopt": 5}
 # A suite with its own budget (SUITE_FLAGS) is not part of `all`.
 SUITES["all"] = list(dict.fromkeys(c for name, suite in SUITES.items() for c in suite
                                    if name not in SUITE_FLAGS))
@@ -198,7 +223,7 @@ def parse(argv):
     if "--help" in argv or "-h" in argv:
         print(__doc__)
         sys.exit(0)
-    opts = dict(quick=False, seeds=3, conditions="", suite="core", jobs=2, subdir="ablate")
+    opts = dict(quick=False, seeds=0, conditions="", suite="core", jobs=2, subdir="ablate")
     check_once(argv)
     user = []
     for a in argv:
@@ -212,6 +237,9 @@ def parse(argv):
             user.append(a)
     if opts["suite"] not in SUITES:
         die(f"bad value for --suite: {opts['suite']!r} (choose {', '.join(SUITES)})")
+    # --seeds: 3 unless the suite says (SUITE_SEEDS).
+    if not any(a.startswith("--seeds=") for a in argv):
+        opts["seeds"] = SUITE_SEEDS.get(opts["suite"], 3)
     opts["user_conditions"] = bool(opts["conditions"])
     opts["conditions"] = opts["conditions"] or ",".join(SUITES[opts["suite"]])
     conds = opts["conditions"].split(",")
@@ -236,8 +264,9 @@ def parse(argv):
     suite_flags = SUITE_FLAGS.get(opts["suite"], [])
     budget = override(DEFAULTS + suite_flags, QUICK if opts["quick"] else [])
     rest = override(budget, user)
+    opts["user"] = user
     for c in conds:
-        train.parse(override(rest, base_flags(c) + CONDITIONS[c]))
+        train.parse(override(flags_before(c, opts), CONDITIONS[c]))
     # The runs' seeds come from --seed (a base's own seed is not a run's).
     cfg = train.parse(rest)
     if cfg.run.seed + opts["seeds"] > 2 ** 31:
@@ -367,13 +396,18 @@ def baseline_row(cfg, base, seed):
                 entropy=float("nan"), s_per_iter=0.0, critic_mb=0.0, **bestofk_cells(b))
 
 
+def flags_before(cond, opts):
+    """A condition's flags before its own (CONDITIONS'), each list over the one before: the main
+    run's budget, its suite's (SUITE_FLAGS), the condition's (BUDGETS), --quick's, the user's,
+    and the stages' flags of its base (BASES)."""
+    flags = override(DEFAULTS + SUITE_FLAGS.get(opts["suite"], []), BUDGETS.get(cond, []))
+    flags = override(flags, QUICK if opts["quick"] else [])
+    return override(override(flags, opts["user"]), base_flags(cond))
+
+
 def base_flags(cond):
     """The flags of the stages before PPO that a condition changes (BASES); none for most."""
     return BASES[cond][1] if cond in BASES else []
-
-
-def seeds_of(cond, opts):
-    return min(opts["seeds"], FEWER_SEEDS.get(cond, opts["seeds"]))
 
 
 def make_base(rest, main, vdir, flags):
@@ -421,18 +455,44 @@ def bon_pool(cfg, base, n_prompts, n):
     return pool
 
 
+def overopt_plan(order):
+    """The roles of the overopt suite's conditions in `order`, for tables.overopt_tables."""
+    frees = [c for c in order if c.startswith("free")]
+    pens = [c for c in order if c.startswith("long_")]
+    own = {}
+    for c in pens:
+        # A penalised run's own β = 0 run: the same base, λ and advantage.
+        twin = "free" + c[len("long_adaptive"):] if c.startswith("long_adaptive") else "free"
+        twin = "free_lam1" if c.endswith("_lam1") else "free_rloo" if "rloo" in c else twin
+        if twin in order:
+            own[c] = twin
+    models = {"main": "long_adaptive - free"}
+    models.update({b: f"long_adaptive_{b} - free_{b}" for b in BASE_OF if b.startswith("model")})
+    return dict(free=frees, stops={f"stop_{k:g}": k for k in STOP_KLS if f"stop_{k:g}" in order},
+                stop_of="free", penalised=pens, own_free=own, models=models,
+                betas=[f"long_{b}" for b in LONG_BETAS if f"long_{b}" in order])
+
+
 def overopt_report(cfg, rest, base, adir, order, rows, run_dir, pool, made):
-    """--suite=overopt: best-of-n on each base's pretrained model, each run's evaluation
-    trajectory from its metrics.jsonl (gains over the pretrained model evaluated on the same
-    stream), the fits and tables (tables.overopt_tables) into overopt.md and overopt.json, and
-    overopt.png. pool: (prompts, samples per prompt) of best-of-n; made: made_by's (stamp,
-    line). Returns the markdown."""
+    """--suite=overopt: best-of-n on each base's pretrained model (pool: (pools, prompts per pool,
+    samples per prompt)), each run's evaluation trajectory from its metrics.jsonl (gains over the
+    pretrained model evaluated on the same stream), the tables (tables.overopt_tables) into
+    overopt.md and overopt.json, and overopt.png. made: made_by's (stamp, line). Returns the
+    markdown."""
     bases = {"main": base}
     bases.update({BASES[c][0]: os.path.join(adir, "bases", BASES[c][0]) for c in order
                   if c in BASES})
-    ns = [2 ** i for i in range(int(math.log2(pool[1])) + 1)]
-    bon = {name: overopt.bon_curve(bon_pool(cfg, b, *pool), ns) for name, b in bases.items()
-           if name == "main" or name.startswith("rm_") or name.startswith("pairs")}
+    pools, per_pool, n = pool
+    ns = [2 ** i for i in range(int(math.log2(n)) + 1)]
+    bon = {}
+    for name, b in bases.items():
+        if name.startswith("model"):
+            continue
+        samples = bon_pool(cfg, b, pools * per_pool, n)
+        prompts = list(samples)
+        groups = [{p: samples[p] for p in prompts[i::pools]} for i in range(pools)]
+        bon[name] = dict(pools=[overopt.bon_curve(g, ns) for g in groups],
+                         all=overopt.bon_curve(samples, ns))
     trajs, starts = {}, {}
     for cond in (c for c in order if c != "pretrained"):
         b = bases[BASES[cond][0]] if cond in BASES else base
@@ -449,23 +509,25 @@ def overopt_report(cfg, rest, base, adir, order, rows, run_dir, pool, made):
             metrics = store.load_json(os.path.join(run_dir(cond, r["seed"]), "metrics.jsonl"),
                                       lines=True)
             trajs.setdefault(cond, {})[r["seed"]] = overopt.trajectory(metrics, starts[key])
-    md, res = overopt_tables(bon, trajs, rows, order, other_base=list(BASES))
-    md += "\n" + made[1] + "\n"
-    res["trajectories"] = trajs
+    md, res = overopt_tables(bon, trajs, rows, overopt_plan(order))
+    md = f"# ablate.py {' '.join(sys.argv[1:])}\n\n{md}\n{made[1]}\n"
+    res["trajectories"] = {c: {str(s): t for s, t in v.items()} for c, v in trajs.items()}
     res["made_by"] = made[0]
     store.save_json(os.path.join(adir, "overopt.json"), res)
     curves = {}
-    for name, r in res["bon"].items():
-        c = r["curve"]
+    for name, r in bon.items():
+        c = r["all"]
         curves[f"best-of-n ({name})"] = dict(d=c["d"], gold=c["gold"], proxy=c["proxy"],
-                                             fit=r["fit"], form="bon")
+                                             fit=overopt.fit(c["d"], c["gold"], "bon"),
+                                             form="bon")
     for cond, per_seed in trajs.items():
         # The mean over seeds, up to the shortest trajectory (a stopped run ends early).
-        n = min(len(t["kl"]) for t in per_seed.values())
-        mean = {k: np.mean([t[k][:n] for t in per_seed.values()], 0) for k in ("kl", "gold",
-                                                                              "proxy")}
-        curves[cond] = dict(d=np.sqrt(np.maximum(mean["kl"], 0)), gold=mean["gold"],
-                            proxy=mean["proxy"], fit=res["fits"][cond], form="rl")
+        short = min(len(t["kl"]) for t in per_seed.values())
+        mean = {k: np.mean([t[k][:short] for t in per_seed.values()], 0)
+                for k in ("kl", "gold", "proxy")}
+        d = np.sqrt(np.maximum(mean["kl"], 0))
+        curves[cond] = dict(d=d, gold=mean["gold"], proxy=mean["proxy"], form="rl",
+                            fit=overopt.fit(d, mean["gold"], "rl"))
     overopt.plot(curves, os.path.join(adir, "overopt.png"))
     store.write_text(os.path.join(adir, "overopt.md"), md)
     return md
@@ -556,9 +618,9 @@ def ablate(opts, rest):
             name, flags = BASES[c]
             made[c] = os.path.join(adir, "bases", name)
             make_base(rest, base, made[c], flags)
-        jobs = [(c, seed0 + k, override(rest, base_flags(c)), made.get(c, base),
+        jobs = [(c, seed0 + k, flags_before(c, opts), made.get(c, base),
                  os.path.join(adir, c, f"seed{seed0 + k}"), threads)
-                for c in dict.fromkeys(map(folder, order)) for k in range(seeds_of(c, opts))]
+                for c in dict.fromkeys(map(folder, order)) for k in range(opts["seeds"])]
         t0, rows = time.time(), [baseline_row(cfg, base, seed0)]
         print(f"ablate: {len(jobs)} PPO runs ({opts['jobs']} at a time) into {adir}", flush=True)
         pool = None
@@ -600,7 +662,8 @@ def ablate(opts, rest):
             return os.path.join(adir, folder(cond), f"seed{seed}")
         report = (f"# ablate.py {' '.join(sys.argv[1:])}\n\n{len(jobs)} PPO runs, "
                   f"{time.time() - t0:.0f} s in all (runs reused from earlier commands take 0 s). "
-                  "Mean [95 % bootstrap interval] over the seeds listed; held-out prompts.\n\n"
+                  "Mean [Student-t 95 % interval] over the seeds listed (n = their number); "
+                  "held-out prompts.\n\n"
                   f"{table}{beta_table(run_dir, rows, order)}")
         # What made the tables: the machine, the commit, this command and its wall time.
         stamp_line = made_by(started, rows, opts["jobs"], threads, cfg.run.device)
@@ -610,7 +673,7 @@ def ablate(opts, rest):
         ref_report = ""
         if cheap:
             ref_report = (f"# ablate.py {' '.join(sys.argv[1:])}\n\nMaking the reference cheap; "
-                          "mean [95 % bootstrap interval] over seeds; held-out prompts.\n\n"
+                          "mean [Student-t 95 % interval] over seeds; held-out prompts.\n\n"
                           f"{ref_table(rows, order)}\n{stamp_line[1]}\n")
         results = report + ("\n" + ref_report if cheap else "")
         store.write_text(os.path.join(adir, "results.md"), results)
@@ -619,13 +682,15 @@ def ablate(opts, rest):
             store.write_text(os.path.join(adir, f"results_{opts['suite']}.md"), report)
             if cheap:
                 store.write_text(os.path.join(adir, "results_ref.md"), ref_report)
-        if opts["suite"] == "overopt" and not opts["user_conditions"]:
-            # Best-of-n's pool: 12 prompts x 256 samples (--quick: 4 x 32).
-            pool = (4, 32) if opts["quick"] else (12, 256)
+        # The overopt tables, also of some of its conditions (--conditions: overopt.md only).
+        if opts["suite"] == "overopt":
+            # Best-of-n's pools: 4 pools of 12 prompts x 256 samples (--quick: 2 of 2 x 32).
+            pool = (2, 2, 32) if opts["quick"] else (4, 12, 256)
             # The line that says what made it comes once, after the overopt tables.
             report = body + "\n" + overopt_report(cfg, rest, base, adir, order[1:], rows,
                                                    run_dir, pool, stamp_line)
-            store.write_text(os.path.join(adir, "results_overopt.md"), report)
+            if not opts["user_conditions"]:
+                store.write_text(os.path.join(adir, "results_overopt.md"), report)
         plot(rows, adir, order, run_dir)
         # The pretrained model against each actor.
         if gold:

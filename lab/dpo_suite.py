@@ -41,7 +41,7 @@ from machinery.errors import RunError, die, run_main
 from machinery.evaluate import during_ppo
 from machinery.state import load_checkpoint
 from lab import ablate, overopt
-from lab.tables import bestofk_cells, t_ci
+from lab.tables import bestofk_cells, t_cell
 
 BETAS = ("0.05", "0.1", "0.3", "1", "5")
 TAUS = ("0.1", "1")
@@ -175,19 +175,6 @@ def trajectory(rows, start, x):
     return out
 
 
-def cell(values, fmt="{:+.2f}"):
-    """mean [t interval] of the values that are not None, with how many when some are; '-' when
-    none."""
-    v = [x for x in values if x is not None]
-    if not v:
-        return "-"
-    if len(v) == 1:
-        return fmt.format(v[0]) + (" (1 seed)" if len(values) > 1 else "")
-    mean, lo, hi = t_ci(v)
-    text = f"{fmt.format(mean)} [{fmt.format(lo)}, {fmt.format(hi)}]"
-    return text + (f" ({len(v)} of {len(values)})" if len(v) < len(values) else "")
-
-
 def tables(rows, trajs, order, bon):
     """dpo.md's tables: the final evaluation; the frontier (gold at equal KL, first pass); the
     second half of training (does gold fall while KL grows?); best-of-n."""
@@ -197,7 +184,7 @@ def tables(rows, trajs, order, bon):
         rs = [r for r in rows if r["condition"] == arm]
 
         def col(name, fmt="{:+.2f}"):
-            return cell([r.get(name) for r in rs], fmt)
+            return t_cell([r.get(name) for r in rs], fmt)
         md.append(f"| {arm} | {len(rs)} | {col('gold_mean')} | {col('kl', '{:.2f}')} | "
                   f"{col('proxy_mean')} | {col('response_length', '{:.1f}')} | "
                   f"{col('eos_rate', '{:.2f}')} | {col('wellformed_rate', '{:.2f}')} | "
@@ -209,7 +196,7 @@ def tables(rows, trajs, order, bon):
            "| arm | " + " | ".join(f"KL {k}" for k in KLS) + " |", "|---" * (len(KLS) + 1) + "|"]
     for arm in order:
         at = [overopt.at_kl(t["kl"], t["gold"], KLS) for t in trajs[arm].values()]
-        md.append(f"| {arm} | " + " | ".join(cell([a[i] for a in at]) for i in range(len(KLS)))
+        md.append(f"| {arm} | " + " | ".join(t_cell([a[i] for a in at]) for i in range(len(KLS)))
                   + " |")
     md += ["", "Over the second half of training (the last evaluation minus the one at half way), "
            "per run, then the mean over seeds: gold falling while KL grows is overoptimisation:",
@@ -218,7 +205,7 @@ def tables(rows, trajs, order, bon):
         ts = list(trajs[arm].values())
 
         def half(k, fmt="{:+.2f}"):
-            return cell([t[k][-1] - t[k][len(t[k]) // 2] for t in ts], fmt)
+            return t_cell([t[k][-1] - t[k][len(t[k]) // 2] for t in ts], fmt)
         md.append(f"| {arm} | {half('gold')} | {half('kl')} | {half('length', '{:+.1f}')} | "
                   f"{half('distinct', '{:+.3f}')} |")
     md += ["", "Best-of-n by the proxy on the pretrained model (the exact KL of the pool's "

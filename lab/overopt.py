@@ -197,3 +197,32 @@ def bon_curve(pool, ns):
     out["repeats"] = repeats
     out["samples"] = len(texts)
     return out
+
+
+def at_iters(iters, values, targets):
+    """The value at the evaluation made after exactly iteration t, for each t in targets; None where
+    the run was not evaluated there (it stopped earlier, or evaluates every few iterations)."""
+    at = dict(zip(iters, values))
+    return [at.get(t) for t in targets]
+
+
+def resolved(kl, target, gap=1.0):
+    """True when a frontier cell at `target` nats is read where the run was: an evaluation within
+    `gap` nats under the target, and a later one past it. Otherwise the best evaluation under the
+    target may sit far below it, or the run never reached it."""
+    near = any(target - gap <= k <= target for k in kl)
+    return near and any(k > target for k in kl)
+
+
+def change_over_last(iters, values, span=20):
+    """How much values moved over the run's last `span` iterations: the least-squares slope
+    against the iteration over the evaluations made in them (the last included), times span.
+    None with fewer than 3 evaluations there."""
+    last = iters[-1]
+    pts = [(i, v) for i, v in zip(iters, values) if i >= last - span]
+    if len(pts) < 3:
+        return None
+    x = np.array([p[0] for p in pts], dtype=float)
+    y = np.array([p[1] for p in pts], dtype=float)
+    slope = ((x - x.mean()) * (y - y.mean())).sum() / ((x - x.mean()) ** 2).sum()
+    return float(slope * span)

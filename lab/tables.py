@@ -2,9 +2,11 @@
 
     python -m lab.ablate --suite=core        # runs the conditions (ablate.py), then writes these
                                          # into out/ablate/
-`bootstrap_ci` is the percentile bootstrap interval of a mean over seeds; `paired_ci` the interval
-of a condition minus the baseline condition, paired by seed; `verdict` says "not separated" where
-that interval holds 0.
+`t_ci` is the Student-t interval of a mean over seeds (its coverage at 3-10 seeds simulated in
+tests/test_intervals.py); `paired_ci` the interval of a condition minus the baseline condition,
+paired by seed; `verdict` says "not separated" where that interval holds 0. `bootstrap_ci`, the
+percentile bootstrap the tables used before, is kept to measure its coverage (about 76 % at 3
+seeds for a nominal 95 %).
 `summarise` (results.md), `ref_table` (the cheap-reference table), `beta_table` (β over the run)
 and `plot` (scores.png, frontier.png, beta.png) read ablate.py's rows (one per condition and seed,
 results.jsonl) and, for the curves, each run's metrics.jsonl in the folder `run_dir(condition,
@@ -35,8 +37,8 @@ def verifiable_columns(k):
 
 def bootstrap_ci(x, level=0.95, n_boot=10000, seed=0):
     """(mean, low, high): the percentile bootstrap interval of the mean of x, resampled with
-    replacement with a fixed RNG seed, so a table is reproducible. With 3 seeds it is coarse (10
-    distinct resampled means): honest."""
+    replacement with a fixed RNG seed. No table uses it: at 3 seeds it is about [min, max] and
+    covers about 76 % for a nominal 95 % (tests/test_intervals.py measures it)."""
     x = np.asarray(x, dtype=float)
     n = len(x)
     rng = np.random.default_rng(seed)
@@ -71,7 +73,7 @@ def t_quantile(p, df):
 def t_ci(x, level=0.95):
     """(mean, low, high): the Student-t interval of the mean of x, mean ± t·s/√n with n - 1
     degrees of freedom. Its coverage at small n is checked by simulation
-    (tests/test_tables.py); the percentile bootstrap's is not what it says at 3 seeds."""
+    (tests/test_intervals.py); the percentile bootstrap's is not what it says at 3 seeds."""
     x = np.asarray(x, dtype=float)
     n = len(x)
     half = t_quantile((1 + level) / 2, n - 1) * x.std(ddof=1) / math.sqrt(n)
@@ -79,11 +81,11 @@ def t_ci(x, level=0.95):
 
 
 def paired_ci(rows, cond, base, col):
-    """The bootstrap interval of cond - base in column col over the seeds both have (paired: same
-    seed, same prompts, same first rollout). None below 2 shared seeds."""
+    """The Student-t interval of cond - base in column col over the seeds both have (paired: same
+    seed, same prompts, same first rollout): (mean, low, high, n). None below 2 shared seeds."""
     a, b = ({r["seed"]: r[col] for r in rows if r["condition"] == c} for c in (cond, base))
     seeds = sorted(set(a) & set(b))
-    return bootstrap_ci([a[s] - b[s] for s in seeds]) + (len(seeds),) if len(seeds) >= 2 else None
+    return t_ci([a[s] - b[s] for s in seeds]) + (len(seeds),) if len(seeds) >= 2 else None
 
 
 def verdict(ci):
@@ -130,7 +132,7 @@ def bestofk_table(rows, order):
 
 def summarise(rows, order, base=DEFAULT_CONDITION, paired=("gold_mean", "kl", "proxy_mean"),
               columns=COLUMNS):
-    """Markdown: mean [95 % bootstrap interval over seeds] per condition; then each condition minus
+    """Markdown: mean [Student-t 95 % interval over seeds] per condition; then each condition minus
     `base` (or the suite's first condition), paired over seeds, where an interval that holds 0 reads
     "not separated"."""
     # A suite without `base` is compared against its first condition.
@@ -141,7 +143,7 @@ def summarise(rows, order, base=DEFAULT_CONDITION, paired=("gold_mean", "kl", "p
         rs = [r for r in rows if r["condition"] == cond]
         if rs:
             if len(rs) > 1:
-                cis = [bootstrap_ci([r[c] for r in rs]) for c in columns]
+                cis = [t_ci([r[c] for r in rs]) for c in columns]
                 cells = ["{:.3f} [{:.3f}, {:.3f}]".format(*ci) for ci in cis]
             else:
                 # One seed: no interval.
@@ -151,7 +153,8 @@ def summarise(rows, order, base=DEFAULT_CONDITION, paired=("gold_mean", "kl", "p
     if base and len({r["seed"] for r in rows if r["condition"] == base}) < 2:
         lines += ["", "One seed: no intervals, no paired differences (run --seeds=3 or more)."]
     elif base:
-        title = f"Paired differences against {base} (same seeds), 95 % bootstrap interval:"
+        title = (f"Paired differences against {base} (same seeds), Student-t 95 % interval, n the "
+                 "seeds:")
         paired_header = "| condition | seeds | " + " | ".join(f"Δ {c}" for c in paired) + " |"
         lines += ["", title, "", paired_header, "|---" * (len(paired) + 2) + "|"]
         for cond in order:
@@ -185,8 +188,8 @@ def ref_table(rows, order):
             cells = []
             for _, get, fmt in REF_COLUMNS:
                 v = [get(r) for r in rs]
-                # The 95 % interval over seeds, shown where the seeds differ at all.
-                m, lo, hi = bootstrap_ci(v)
+                # The Student-t 95 % interval over seeds, shown where the seeds differ at all.
+                m, lo, hi = t_ci(v) if len(v) > 1 else (v[0], v[0], v[0])
                 interval = f" [{fmt.format(lo)}, {fmt.format(hi)}]" if hi > lo else ""
                 cells.append(fmt.format(m) + interval)
             lines.append(f"| `{cond}` | " + " | ".join(cells) + " |")
@@ -280,118 +283,271 @@ def plot(rows, adir, order, run_dir):
         plt.close(fig)
 
 
-def cell(ci):
-    """mean [low, high] of a bootstrap_ci, or the mean alone for one value, or "-" for none."""
-    if ci is None:
+def t_cell(values, fmt="{:+.2f}", mark=""):
+    """mean [Student-t 95 % interval] of the values that are not None, with how many when some
+    are; '-' when none. `mark` follows the cell (a frontier cell not read where the run was)."""
+    v = [x for x in values if x is not None]
+    if not v:
         return "-"
-    mean, lo, hi = ci[:3]
-    return f"{mean:+.2f}" if lo == hi else f"{mean:+.2f} [{lo:+.2f}, {hi:+.2f}]"
+    if len(v) == 1:
+        return fmt.format(v[0]) + (" (1 seed)" if len(values) > 1 else "") + mark
+    mean, lo, hi = t_ci(v)
+    text = f"{fmt.format(mean)} [{fmt.format(lo)}, {fmt.format(hi)}]"
+    return text + (f" ({len(v)} of {len(values)})" if len(v) < len(values) else "") + mark
 
 
-def ci_or_none(values):
-    values = [v for v in values if v is not None]
-    return bootstrap_ci(values) if values else None
+def t_verdict(diffs):
+    """A paired difference's cell: mean [t interval], n, and "not separated" when the interval
+    holds 0; '-' below 2 pairs."""
+    if len(diffs) < 2:
+        return "-"
+    mean, lo, hi = t_ci(diffs)
+    return verdict((mean, lo, hi, len(diffs))) + f" (n {len(diffs)})"
 
 
-def overopt_tables(bon, trajs, rows, order, other_base=(), kls=(2, 4, 6, 8), against="no_kl"):
-    """The overopt suite's tables (markdown) and numbers (a dict): bon {base: overopt.bon_curve},
-    trajs {condition: {seed: overopt.trajectory}}, rows ablate.py's final rows. Gold and proxy gain
-    at equal KL (each seed's trajectory interpolated, mean over seeds and the paired difference
-    from `against`, for the conditions not in other_base: those on another reward or pretrained
-    model), the fitted forms, and the key pairs' final evaluations."""
-    res = dict(bon={}, fits={}, at_kl={}, pairs={})
-    lines = ["## Best-of-n by the proxy (the pretrained model's pool)\n"]
+# The overopt suite's KL budgets (nats) and the iterations its equal-steps table reads.
+FRONTIER_KLS = (1, 2, 3, 4, 6, 8, 10)
+STEPS = (4, 8, 16, 40, 80, 160, 240)
+
+
+def free_section(trajs, frees, res):
+    """The β = 0 runs' frontier: each seed's best evaluation at or under each budget, marked † where
+    some seed has no evaluation within a nat under the budget or never passed it."""
+    lines = ["## The unpenalised frontier, measured\n",
+             "β = 0, evaluated on 200 held-out samples after every iteration; each cell the best "
+             "gold gain among a run's evaluations at or under the KL (what stopping at the best "
+             "evaluation within the budget keeps; every cell is one evaluation, none "
+             "interpolated), mean [Student-t 95 % interval] over seeds (n the seeds). † marks a "
+             "cell where some seed has no evaluation within 1 nat under the budget, or never "
+             "passed it: there the cell is a bound, not the frontier. `passes 10` gives the "
+             "iterations to the first evaluation above 10 nats.\n",
+             "| run | seeds | passes 10 (iterations) | " + " | ".join(
+                 f"KL ≤ {k}" for k in FRONTIER_KLS) + " |",
+             "|---|---|---|" + "---|" * len(FRONTIER_KLS)]
+    for cond in frees:
+        ts = trajs[cond]
+        best = {s: overopt.best_under(t["kl"], t["gold"], FRONTIER_KLS) for s, t in ts.items()}
+        ok = [all(overopt.resolved(t["kl"], k) for t in ts.values()) for k in FRONTIER_KLS]
+        passes = [next((i for i, k in zip(t["iters"], t["kl"]) if k > 10), None)
+                  for t in ts.values()]
+        res["free"][cond] = dict(best_under=best, resolved=ok, passes_10=passes)
+        reached = [p for p in passes if p is not None]
+        when = (f"{min(reached)}–{max(reached)}" if reached else "never")
+        when += "" if len(reached) == len(passes) else f" ({len(reached)} of {len(passes)})"
+        cells = [t_cell([best[s][i] for s in best], mark="" if ok[i] else " †")
+                 for i in range(len(FRONTIER_KLS))]
+        lines.append(f"| {cond} | {len(ts)} | {when} | " + " | ".join(cells) + " |")
+    lines += ["\nThe same runs read at their first pass through each KL (linear between the two "
+              "consecutive iterations' evaluations around it: no maximum over many noisy "
+              "evaluations, so it does not read high as the best does):\n",
+              "| run | seeds | " + " | ".join(f"KL {k}" for k in FRONTIER_KLS) + " |",
+              "|---|---|" + "---|" * len(FRONTIER_KLS)]
+    for cond in frees:
+        ts = trajs[cond]
+        first = {s: overopt.at_kl(t["kl"], t["gold"], FRONTIER_KLS) for s, t in ts.items()}
+        res["free"][cond]["first_pass"] = first
+        lines.append(f"| {cond} | {len(ts)} | " + " | ".join(
+            t_cell([first[s][i] for s in first]) for i in range(len(FRONTIER_KLS))) + " |")
+    return lines
+
+
+def stop_section(trajs, rows, stops, free, res):
+    """--stop_kl's runs: the final evaluation (its own stream, as every final row) of the actor
+    kept, and whether its evaluations are the β = 0 run's first ones (same seed: they should be)."""
+    start = [r["gold_mean"] for r in rows if r["condition"] == "pretrained"]
+    if not start or not any(r["condition"] in stops for r in rows):
+        return []
+    lines = ["\n## Stopping at a KL budget (--stop_kl, β = 0), final evaluation\n",
+             f"The actor kept (the last whose rollout was under the budget) on the final "
+             f"evaluation's samples; gold gain over the pretrained model's final evaluation "
+             f"({start[0]:+.3f}); mean [Student-t 95 % interval] over seeds. `same as {free}` "
+             f"counts the seeds whose during-PPO evaluations equal the β = 0 run's first ones "
+             "(the same training up to the stop).\n",
+             f"| budget | seeds | iterations run | KL | gold gain | same as {free} |",
+             "|---|---|---|---|---|---|"]
+    for cond, k in stops.items():
+        rs = [r for r in rows if r["condition"] == cond]
+        if not rs:
+            continue
+        ts = trajs.get(cond, {})
+        iters = [t["iters"][-1] for t in ts.values()]
+        same = sum(1 for s, t in ts.items() if s in trajs.get(free, {})
+                   and trajs[free][s]["gold"][:len(t["gold"])] == t["gold"])
+        gains = [r["gold_mean"] - start[0] for r in rs]
+        res["stops"][cond] = dict(kl=[r["kl"] for r in rs], gain=gains, iters=iters, same=same)
+        span = f"{min(iters)}–{max(iters)}" if iters else "-"
+        lines.append(f"| {k:g} nats | {len(rs)} | {span} | "
+                     f"{t_cell([r['kl'] for r in rs], '{:.2f}')} | {t_cell(gains)} | "
+                     f"{same} of {len(ts)} |")
+    return lines
+
+
+def penalised_section(trajs, pens, frees, res):
+    """The penalised runs beside the β = 0 ones: the final evaluation, how much gold moved over
+    the last 20 iterations (flat when not separated from 0), and gold at equal steps."""
+    lines = ["\n## The runs at equal optimisation steps\n",
+             "Gold gain after each number of iterations (the β = 0 runs stop when they pass 12 "
+             "nats: '-' after that), mean [Student-t 95 % interval] over seeds; for the penalised "
+             "runs the final KL and gold and the change of gold over their last 20 iterations (a "
+             "least-squares slope over the evaluations in them; flat where not separated from "
+             "0).\n",
+             "| run | seeds | final KL | final gold | Δ gold, last 20 it. | " + " | ".join(
+                 f"it. {i}" for i in STEPS) + " |", "|---|---|---|---|---|" + "---|" * len(STEPS)]
+    for cond in list(frees) + list(pens):
+        ts = trajs[cond]
+        at = {s: overopt.at_iters(t["iters"], t["gold"], STEPS) for s, t in ts.items()}
+        final_kl = [t["kl"][-1] for t in ts.values()]
+        final = [t["gold"][-1] for t in ts.values()]
+        last = [overopt.change_over_last(t["iters"], t["gold"]) for t in ts.values()]
+        res["steps"][cond] = dict(at=at, final_kl=final_kl, final_gold=final, last_20=last)
+        flat = ""
+        if cond in pens and len([x for x in last if x is not None]) >= 2:
+            mean, lo, hi = t_ci([x for x in last if x is not None])
+            flat = " flat" if lo <= 0 <= hi else " still moving"
+        pen = cond in pens
+        lines.append(f"| {cond} | {len(ts)} | {t_cell(final_kl, '{:.2f}') if pen else ''} | "
+                     f"{t_cell(final) if pen else ''} | {t_cell(last) + flat if pen else ''} | "
+                     + " | ".join(t_cell([at[s][i] for s in at]) for i in range(len(STEPS)))
+                     + " |")
+    return lines
+
+
+def pair_section(trajs, own_free, res):
+    """Each penalised run against its own β = 0 run at the penalised run's final KL, paired by
+    seed: its final gold minus the β = 0 frontier there (the best evaluation at or under that KL),
+    and minus the β = 0 run's first pass through it (linear between two consecutive
+    iterations)."""
+    lines = ["\n## Each penalty against its own unpenalised run, at the penalty's KL\n",
+             "Paired by seed: the penalised run's final gold gain minus (a) the β = 0 run's "
+             "frontier at the penalised run's final KL (its best evaluation at or under it: the "
+             "stop an oracle would choose) and (b) the β = 0 run's first pass through that KL "
+             "(linear between two consecutive iterations' evaluations); mean [Student-t 95 % "
+             "interval], n pairs; not separated where it holds 0. † where some seed's β = 0 run "
+             "has no evaluation within 1 nat under the KL.\n",
+             "| penalty | its β = 0 run | KL | penalty's gold | β = 0 frontier there | "
+             "penalty − frontier | penalty − first pass |", "|---|---|---|---|---|---|---|"]
+    for pen, free in own_free.items():
+        if pen not in trajs or free not in trajs:
+            continue
+        seeds = [s for s in trajs[pen] if s in trajs[free]]
+        kl = {s: trajs[pen][s]["kl"][-1] for s in seeds}
+        gain = {s: trajs[pen][s]["gold"][-1] for s in seeds}
+        front = {s: overopt.best_under(trajs[free][s]["kl"], trajs[free][s]["gold"], [kl[s]])[0]
+                 for s in seeds}
+        first = {s: overopt.at_kl(trajs[free][s]["kl"], trajs[free][s]["gold"], [kl[s]])[0]
+                 for s in seeds}
+        ok = all(overopt.resolved(trajs[free][s]["kl"], kl[s]) for s in seeds)
+        d_front = [gain[s] - front[s] for s in seeds]
+        d_first = [gain[s] - first[s] for s in seeds if first[s] is not None]
+        res["pairs"][f"{pen} - {free}"] = dict(kl=kl, gain=gain, frontier=front, first=first,
+                                                 resolved=ok, d_frontier=d_front,
+                                                 d_first=d_first)
+        lines.append(f"| {pen} | {free} | {t_cell(list(kl.values()), '{:.2f}')} | "
+                     f"{t_cell(list(gain.values()))} | "
+                     f"{t_cell(list(front.values()), mark='' if ok else ' †')} | "
+                     f"{t_verdict(d_front)} | {t_verdict(d_first)} |")
+    return lines
+
+
+def models_section(res, models):
+    """The key pair's difference (penalty − frontier) with the pretrained model as the unit: each
+    model's mean over its seeds, then the mean over models with its t interval (n the models) and
+    the standard deviation between the models' means beside the seeds' within a model."""
+    per = {m: res["pairs"][k]["d_frontier"] for m, k in models.items() if k in res["pairs"]}
+    if len(per) < 2:
+        return []
+    means = [float(np.mean(v)) for v in per.values()]
+    within = float(np.mean([np.std(v, ddof=1) for v in per.values() if len(v) > 1]))
+    mean, lo, hi = t_ci(means)
+    res["models"] = dict(per_model=per, means=means, between_sd=float(np.std(means, ddof=1)),
+                         within_sd=within, ci=(mean, lo, hi, len(means)))
+    return ["\n## The key pair over pretrained models\n",
+            "Penalty − the β = 0 frontier at its KL, with each pretrained model (world, "
+            "pretraining and reward model reseeded) as the unit: "
+            + ", ".join(f"{m} {np.mean(v):+.3f} (n {len(v)} seeds)" for m, v in per.items())
+            + f"; over models {verdict((mean, lo, hi, len(means)))} (Student-t, n "
+            f"{len(means)} models); standard deviation between the models' means "
+            f"{np.std(means, ddof=1):.3f}, between seeds within a model {within:.3f}.\n"]
+
+
+def fit_cells(fits):
+    """α, β, R², d* and the gain at d* of per-seed (or per-pool) fits: mean [t interval] each."""
+    cells = [t_cell([f[k] for f in fits], "{:.3f}") for k in ("alpha", "beta")]
+    cells.append(t_cell([f["r2"] for f in fits], "{:.2f}"))
+    peaks = [f["d_peak"] ** 2 if f["d_peak"] is not None else None for f in fits]
+    cells.append(t_cell(peaks, "{:.1f}"))
+    cells.append(t_cell([f["gain_peak"] for f in fits]))
+    return cells
+
+
+def fits_section(trajs, frees, betas, bon, res):
+    """Gao et al.'s forms fitted to frontiers: R(d) = d(α − β log d) to each β = 0 run's
+    evaluations (its KL grows, so its trajectory is a frontier) and, across the fixed β, to each
+    seed's final points; best-of-n's d(α − βd) to each 12-prompt pool."""
+    lines = ["\n## Gao et al.'s forms fitted to frontiers\n",
+             "Least squares through the origin, d = √KL: PPO's d(α − β log d), best-of-n's "
+             "d(α − βd). One fit per seed (β = 0: its evaluations; fixed β: each β's final "
+             "evaluation, one point per β) or per 12-prompt pool (best-of-n); each column the "
+             "mean [Student-t 95 % interval] over the fits (the band over seeds or pools); KL at "
+             "the peak where the fitted curve turns ('-' where none turns).\n",
+             "| frontier | fits | α | β | R² | KL at peak | gain at peak |",
+             "|---|---|---|---|---|---|---|"]
+    for cond in frees:
+        fits = [overopt.fit(np.sqrt(np.maximum(t["kl"], 0)), t["gold"], "rl")
+                for t in trajs[cond].values()]
+        res["fits"][cond] = fits
+        lines.append(f"| {cond} | {len(fits)} | " + " | ".join(fit_cells(fits)) + " |")
+    seeds = sorted(set.intersection(*[set(trajs[c]) for c in betas])) if betas else []
+    if seeds:
+        fits = []
+        for s in seeds:
+            kl = [0.0] + [trajs[c][s]["kl"][-1] for c in betas]
+            gold = [0.0] + [trajs[c][s]["gold"][-1] for c in betas]
+            fits.append(overopt.fit(np.sqrt(np.maximum(kl, 0)), gold, "rl"))
+        res["fits"]["fixed β, final points"] = fits
+        lines.append(f"| fixed β {', '.join(c.split('_')[-1] for c in betas)}: final points | "
+                     f"{len(fits)} | " + " | ".join(fit_cells(fits)) + " |")
     for name, b in bon.items():
-        f = overopt.fit(b["d"], b["gold"], "bon")
-        res["bon"][name] = dict(curve=b, fit=f)
-        lines += [f"\n{name}: {b['samples']} samples, {b['repeats']} of them repeat an earlier "
-                  f"one for their prompt. Fit d(α - βd): α {f['alpha']:.3f}, β {f['beta']:.3f}, "
-                  f"R² {f['r2']:.3f}, peak {peak(f)}.\n",
+        fits = [overopt.fit(p["d"], p["gold"], "bon") for p in b["pools"]]
+        res["fits"][f"best-of-n ({name})"] = fits
+        lines.append(f"| best-of-n ({name}) | {len(fits)} pools | " + " | ".join(fit_cells(fits))
+                     + " |")
+    return lines
+
+
+def bon_section(bon, res):
+    """Best-of-n by the proxy on each base's pretrained model, all pools together."""
+    lines = ["\n## Best-of-n by the proxy (the pretrained model's pools together)\n"]
+    for name, b in bon.items():
+        a = b["all"]
+        res["bon"][name] = a
+        lines += [f"\n{name}: {a['samples']} samples over {len(b['pools'])} pools of prompts, "
+                  f"{a['repeats']} of them repeat an earlier one for their prompt.\n",
                   "| n | KL formula | KL pool, ties | KL pool, no ties | d | gold gain | "
                   "proxy gain |", "|---|---|---|---|---|---|---|"]
-        for i, n in enumerate(b["n"]):
-            lines.append(f"| {n} | {b['kl_formula'][i]:.3f} | {b['kl_pool'][i]:.3f} | "
-                         f"{b['kl_no_ties'][i]:.3f} | {b['d'][i]:.3f} | {b['gold'][i]:+.3f} | "
-                         f"{b['proxy'][i]:+.3f} |")
-    lines += ["\n## PPO: gold and proxy gain at equal KL (nats), mean [95 % interval] over seeds\n",
-              "| condition | seeds | " + " | ".join(f"gold at {k}" for k in kls) + " | "
-              + " | ".join(f"proxy at {k}" for k in kls) + " | fit d(α - β log d): α, β, R² "
-              "| peak d*, gain |", "|---|---|" + "---|" * (2 * len(kls) + 2)]
-    for cond in (c for c in order if c in trajs):
-        per_seed = trajs[cond]
-        gold = {s: overopt.at_kl(t["kl"], t["gold"], kls) for s, t in per_seed.items()}
-        proxy = {s: overopt.at_kl(t["kl"], t["proxy"], kls) for s, t in per_seed.items()}
-        d = [math.sqrt(max(k, 0.0)) for t in per_seed.values() for k in t["kl"]]
-        g = [x for t in per_seed.values() for x in t["gold"]]
-        f = overopt.fit(d, g, "rl")
-        res["fits"][cond] = f
-        res["at_kl"][cond] = dict(gold=gold, proxy=proxy)
-        gcells = [cell(ci_or_none([gold[s][i] for s in gold])) for i in range(len(kls))]
-        pcells = [cell(ci_or_none([proxy[s][i] for s in proxy])) for i in range(len(kls))]
-        lines.append(f"| {cond} | {len(per_seed)} | " + " | ".join(gcells + pcells)
-                     + f" | {f['alpha']:.3f}, {f['beta']:.3f}, {f['r2']:.2f} | {peak(f)} |")
-    if against in trajs:
-        lines += [f"\nPaired by seed, condition minus {against} at equal KL (gold; an interval "
-                  "holding 0 is not separated):\n",
-                  "| condition | " + " | ".join(f"gold at {k}" for k in kls) + " |",
-                  "|---|" + "---|" * len(kls)]
-        base = res["at_kl"][against]["gold"]
-        for cond in (c for c in order if c in trajs and c != against and c not in other_base):
-            mine = res["at_kl"][cond]["gold"]
-            cells = []
-            for i in range(len(kls)):
-                diffs = [mine[s][i] - base[s][i] for s in mine
-                         if s in base and mine[s][i] is not None and base[s][i] is not None]
-                if len(diffs) >= 2:
-                    cells.append(verdict(bootstrap_ci(diffs) + (len(diffs),)))
-                else:
-                    cells.append(cell(ci_or_none(diffs)))
-            lines.append(f"| {cond} | " + " | ".join(cells) + " |")
-    # The frontier reading: the best evaluation within each KL budget, paired against `against`.
-    lines += ["\nThe frontier reading: the best gold gain among each run's evaluations at or under "
-              "each KL (an oracle that stops at the best evaluation within the budget), mean "
-              "[95 % interval] over seeds; paired by seed against " + against + ":\n",
-              "| condition | seeds | " + " | ".join(f"best at <= {k}" for k in kls) + " | "
-              + " | ".join(f"Δ at <= {k}" for k in kls) + " |",
-              "|---|---|" + "---|" * (2 * len(kls))]
-    res["best_under"] = {}
-    for cond in (c for c in order if c in trajs):
-        mine = {s: overopt.best_under(t["kl"], t["gold"], kls) for s, t in trajs[cond].items()}
-        res["best_under"][cond] = mine
-        cells = [cell(ci_or_none([mine[s][i] for s in mine])) for i in range(len(kls))]
-        base = res["best_under"].get(against)
-        for i in range(len(kls)):
-            diffs = [mine[s][i] - base[s][i] for s in mine if base and s in base]
-            if cond == against or cond in other_base or len(diffs) < 2:
-                cells.append("")
-            else:
-                cells.append(verdict(bootstrap_ci(diffs) + (len(diffs),)))
-        lines.append(f"| {cond} | {len(mine)} | " + " | ".join(cells) + " |")
-    pairs = [("adaptive", "stop_at_target"), ("adaptive_model2", "stop_model2")]
-    lines += ["\n## The key pair: the penalty against stopping at its KL (final evaluations)\n",
-              "| pair | seeds | gold, penalty | gold, stopped | gold difference | KL, penalty | "
-              "KL, stopped |", "|---|---|---|---|---|---|---|"]
-    both = []
-    for a, b in pairs:
-        ci = paired_ci(rows, a, b, "gold_mean")
-        if ci is None:
-            continue
-        both += [ra["gold_mean"] - rb["gold_mean"] for ra in rows if ra["condition"] == a
-                 for rb in rows if rb["condition"] == b and rb["seed"] == ra["seed"]]
-        res["pairs"][f"{a} - {b}"] = ci
-        cols = [ci_or_none([r[k] for r in rows if r["condition"] == c])
-                for k, c in (("gold_mean", a), ("gold_mean", b))]
-        kl = [np.mean([r["kl"] for r in rows if r["condition"] == c]) for c in (a, b)]
-        lines.append(f"| {a} - {b} | {ci[3]} | {cell(cols[0])} | {cell(cols[1])} | "
-                     f"{verdict(ci)} | {kl[0]:.2f} | {kl[1]:.2f} |")
-    if len(both) >= 2:
-        ci = bootstrap_ci(both) + (len(both),)
-        res["pairs"]["both models"] = ci
-        lines.append(f"| both pretrained models | {len(both)} | | | {verdict(ci)} | | |")
+        for i, n in enumerate(a["n"]):
+            lines.append(f"| {n} | {a['kl_formula'][i]:.3f} | {a['kl_pool'][i]:.3f} | "
+                         f"{a['kl_no_ties'][i]:.3f} | {a['d'][i]:.3f} | {a['gold'][i]:+.3f} | "
+                         f"{a['proxy'][i]:+.3f} |")
+    return lines
+
+
+def overopt_tables(bon, trajs, rows, plan):
+    """The overopt suite's tables (markdown) and numbers (a dict). bon {base: dict(pools=[one
+    overopt.bon_curve per pool of prompts], all=the pools together)}; trajs {condition: {seed:
+    overopt.trajectory}}; rows ablate.py's final rows; plan names the conditions' roles:
+    dict(free=[β = 0 runs], stops={condition: budget}, stop_of=the β = 0 run the stops share,
+    penalised=[runs], betas=[the fixed-β runs, in β order], own_free={penalised: its β = 0 run},
+    models={model: its key pair's name in own_free's 'pen - free' form})."""
+    res = dict(free={}, stops={}, steps={}, pairs={}, fits={}, bon={})
+    frees = [c for c in plan["free"] if c in trajs]
+    pens = [c for c in plan["penalised"] if c in trajs]
+    betas = [c for c in plan["betas"] if c in trajs]
+    lines = free_section(trajs, frees, res)
+    lines += stop_section(trajs, rows, plan["stops"], plan["stop_of"], res)
+    lines += penalised_section(trajs, pens, frees, res)
+    lines += pair_section(trajs, plan["own_free"], res)
+    lines += models_section(res, plan["models"])
+    lines += fits_section(trajs, frees, betas, bon, res)
+    lines += bon_section(bon, res)
     return "\n".join(lines) + "\n", res
-
-
-def peak(f):
-    if f["d_peak"] is None:
-        return "none in reach (β <= 0, or d* > e^50)"
-    return f"d* {f['d_peak']:.2f} (KL {f['d_peak'] ** 2:.1f}), gain {f['gain_peak']:+.2f}"

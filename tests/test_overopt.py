@@ -96,20 +96,114 @@ def test_the_frontier_reading_keeps_the_best_evaluation_within_each_budget():
     assert overopt.best_under(kl, gold, [0.5, 1.0, 2.0, 2.5, 4.0, 6.0]) == [0.0, 0.0, 9.0, 9.0, 9.0, 9.0]
 
 
-def test_the_tables_pair_the_frontier_reading_by_seed():
-    """overopt_tables on two synthetic trajectories per condition: the frontier cells are each seed's best within the
-    budget, and the paired difference is taken seed by seed."""
-    trajs = {"no_kl": {1: dict(kl=[0.0, 3.0, 9.0], gold=[0.0, 0.5, -4.0], proxy=[0.0, 1.0, 2.0]),
-                       2: dict(kl=[0.0, 1.0, 7.0], gold=[0.0, 0.1, -3.0], proxy=[0.0, 0.5, 2.0])},
-             "beta": {1: dict(kl=[0.0, 4.0, 3.0], gold=[0.0, 1.0, 2.5], proxy=[0.0, 1.0, 1.5]),
-                      2: dict(kl=[0.0, 2.0, 3.5], gold=[0.0, 0.7, 1.7], proxy=[0.0, 0.8, 1.2])}}
-    md, res = tables.overopt_tables({}, trajs, [], ["no_kl", "beta"], kls=(2, 4))
-    assert res["best_under"]["beta"] == {1: [0.0, 2.5], 2: [0.7, 1.7]}
-    assert res["best_under"]["no_kl"] == {1: [0.0, 0.5], 2: [0.1, 0.1]}
-    row = next(line for line in md.splitlines() if line.startswith("| beta | 2 |") and "Δ" not in line
-               and line.count("|") == 7)
-    # Differences per seed: at 2, 0.0 - 0.0 and 0.7 - 0.1; at 4, 2.5 - 0.5 and 1.7 - 0.1.
-    assert row.split(" | ")[4].startswith("+0.300 [") and row.split(" | ")[5].startswith("+1.800 [")
+def traj(kl, gold, iters=None):
+    """A trajectory as overopt.trajectory gives it, from the pretrained model (KL 0, gain 0)."""
+    iters = iters or list(range(1, len(kl) + 1))
+    return dict(kl=[0.0] + kl, gold=[0.0] + gold, proxy=[0.0] * (len(kl) + 1), iters=[0] + iters)
+
+
+def empty():
+    return dict(free={}, stops={}, steps={}, pairs={}, fits={}, bon={})
+
+
+def row_of(lines, name):
+    return next(line for line in lines if line.startswith(f"| {name} |")).split(" | ")
+
+
+def test_a_frontier_cell_is_each_seeds_best_evaluation_and_one_read_far_under_its_budget_is_marked():
+    trajs = {"free": {1: traj([0.8, 1.9, 3.5, 9.5, 11.0], [0.2, 0.5, -1.0, -2.0, -3.0]),
+                      2: traj([0.9, 2.5, 9.8, 10.5], [0.1, 0.7, -1.0, -2.0])}}
+    res = empty()
+    cells = row_of(tables.free_section(trajs, ["free"], res), "free")
+    # At 1 nat: 0.2 and 0.1, both read within a nat of the budget.
+    assert res["free"]["free"]["best_under"] == {1: [0.2, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5],
+                                                 2: [0.1, 0.1, 0.7, 0.7, 0.7, 0.7, 0.7]}
+    assert cells[3].startswith("+0.15 [") and "†" not in cells[3]
+    # At 2 nats seed 2's best is at 0.9 nats, more than a nat under: marked. At 10 both are near.
+    assert cells[4].endswith("†") and "†" not in cells[9] and cells[2] == "4–5"
+    assert res["free"]["free"]["resolved"] == [True, False, False, False, False, False, True]
+
+
+def test_a_run_that_never_passes_ten_nats_says_so():
+    trajs = {"slow": {1: traj([0.5, 1.0], [0.1, 0.2]), 2: traj([0.5, 12.0], [0.1, -1.0])}}
+    cells = row_of(tables.free_section(trajs, ["slow"], empty()), "slow")
+    assert cells[2] == "2–2 (1 of 2)" and cells[-1].endswith("† |")
+
+
+def test_each_penalty_is_paired_by_seed_with_its_own_unpenalised_run_at_its_final_kl():
+    free = {1: traj([1.0, 2.0, 3.0], [0.4, 0.9, 0.6]), 2: traj([1.5, 2.5, 4.0], [0.3, 0.2, 1.0])}
+    # Seed 1 overshoots to 2.8 nats and comes back: its final KL is read, not its largest.
+    pen = {1: traj([2.8, 2.5], [1.0, 1.5], [4, 8]), 2: traj([3.0, 3.9], [1.2, 2.0], [4, 8])}
+    res = empty()
+    tables.pair_section({"free": free, "long": pen}, {"long": "free"}, res)
+    got = res["pairs"]["long - free"]
+    # Seed 1 ends at 2.5 nats: the best β = 0 evaluation at or under it is 0.9 (at 2.0); its first
+    # pass through 2.5 is halfway from 0.9 to 0.6. Seed 2 ends at 3.9: best 0.3 (at 1.5).
+    assert got["frontier"] == {1: 0.9, 2: 0.3}
+    assert got["d_frontier"] == pytest.approx([1.5 - 0.9, 2.0 - 0.3])
+    assert got["d_first"] == pytest.approx([1.5 - 0.75, 2.0 - (0.2 + 0.8 * 14 / 15)])
+    # Seed 2's best under 3.9 nats is read at 1.5 (its next evaluation, 2.5, is lower): no
+    # evaluation within a nat under 3.9, so the frontier there is not resolved.
+    assert got["resolved"] is False
+
+
+def test_the_change_over_the_last_iterations_reads_only_them():
+    iters = [0, 4, 8, 12, 16, 20, 24, 28, 32]
+    # A jump before the window, then a rise of 0.05 per iteration inside it.
+    gold = [0.0, 5.0, 5.0, 5.0, 5.0, 0.4, 0.6, 0.8, 1.0]
+    assert overopt.change_over_last(iters, gold, span=12) == pytest.approx(0.6)
+    assert overopt.change_over_last(iters[:3], gold[:3], span=4) is None
+    assert overopt.at_iters(iters, gold, [4, 5, 32]) == [5.0, None, 1.0]
+
+
+def test_a_stopped_run_is_counted_as_the_unpenalised_runs_prefix_only_when_it_is_one():
+    free = {1: traj([1.0, 2.0, 3.0], [0.4, 0.9, 0.6]), 2: traj([1.5, 2.5], [0.3, 0.2])}
+    stop = {1: traj([1.0, 2.0], [0.4, 0.9]), 2: traj([1.5], [0.31])}
+    rows = [dict(condition="pretrained", seed=1, gold_mean=0.5)]
+    rows += [dict(condition="stop_2", seed=s, gold_mean=g, kl=k) for s, g, k in ((1, 1.0, 1.9),
+                                                                                 (2, 0.7, 1.4))]
+    res = empty()
+    cells = row_of(tables.stop_section({"free": free, "stop_2": stop}, rows, {"stop_2": 2},
+                                       "free", res), "2 nats")
+    assert res["stops"]["stop_2"]["same"] == 1 and cells[-1] == "1 of 2 |"
+    assert res["stops"]["stop_2"]["gain"] == pytest.approx([0.5, 0.2])
+
+
+def test_over_pretrained_models_the_unit_is_each_models_mean():
+    res = dict(pairs={"a - f": dict(d_frontier=[1.0, 2.0, 3.0]),
+                      "b - g": dict(d_frontier=[0.0, 1.0])})
+    lines = tables.models_section(res, {"main": "a - f", "model2": "b - g"})
+    m = res["models"]
+    assert m["means"] == [2.0, 0.5] and m["between_sd"] == pytest.approx(math.sqrt(1.125))
+    assert m["within_sd"] == pytest.approx((1.0 + math.sqrt(0.5)) / 2) and m["ci"][3] == 2
+    # Two models: t with 1 degree of freedom, 12.706 standard errors each side.
+    assert m["ci"][1] == pytest.approx(1.25 - 12.706 * 0.75, abs=1e-3) and "n 2 models" in lines[1]
+
+
+def test_the_forms_are_fitted_per_seed_to_frontiers_and_recover_their_parameters():
+    d = np.linspace(0.2, 3.0, 12)
+    kl = list(d ** 2)
+    trajs = {"free": {s: traj(kl, list(d * (a - 0.3 * np.log(d)))) for s, a in ((1, 0.8), (2, 1.0))}}
+    res = empty()
+    cells = row_of(tables.fits_section(trajs, ["free"], [], {}, res), "free")
+    assert [f["alpha"] for f in res["fits"]["free"]] == pytest.approx([0.8, 1.0])
+    assert cells[2].startswith("0.900 [") and cells[3] == "0.300 [0.300, 0.300]"
+
+
+def test_the_plan_pairs_each_penalty_with_the_unpenalised_run_of_its_base_lambda_and_advantage():
+    from lab import ablate
+    plan = ablate.overopt_plan(ablate.SUITES["overopt"])
+    own = plan["own_free"]
+    assert own["long_0.3"] == "free" and own["long_seq_0.1_lam1"] == "free_lam1"
+    assert own["long_0.1_lam1"] == "free_lam1" and own["long_rloo_0.1"] == "free_rloo"
+    assert own["long_adaptive_rm4"] == "free_rm4" and own["long_adaptive_model2"] == "free_model2"
+    assert set(own) == set(plan["penalised"]) and plan["stops"]["stop_6"] == 6
+    for pen, free in own.items():
+        flags = set(ablate.CONDITIONS[pen])
+        rest = set(ablate.CONDITIONS[free]) - set(ablate.NO_KL)
+        # Only β and the controller differ between the two (and the placement, a β's own).
+        assert {f for f in rest if "lam" in f or "advantage" in f} <= flags, pen
+        assert ablate.BASES.get(pen, (None,))[0] == ablate.BASES.get(free, (None,))[0], pen
 
 
 # ---- through the PPO stage, on the smoke run ----
@@ -181,3 +275,22 @@ def test_one_text_scored_twice_is_one_outcome_in_the_pool():
     merged = overopt.bon_curve(pool, [1, 2])
     assert merged["kl_pool"][1] == pytest.approx(overopt.kl_bon_pool([0.5, 0.5, 0.2, 0.9], 2))
     assert merged["repeats"] == 1
+
+
+def test_the_overopt_suite_on_some_of_its_conditions_writes_its_tables_from_each_runs_evaluations(run):
+    """Through ablate.py on the smoke run: the β = 0 run evaluated after every iteration, the stop and
+    the penalised run beside it, and overopt.md / overopt.json read from their metrics."""
+    from lab import ablate
+    ablate.main(["--preset=smoke", f"--out_dir={run}", "--suite=overopt", "--quick", "--ppo_iters=3",
+                 "--eval_every=1", "--eval_n=8", "--n_eval=8", "--jobs=1", "--subdir=overopt_t",
+                 "--conditions=free,stop_1,long_0.1"])
+    adir = os.path.join(run, "overopt_t")
+    res = store.load_json(os.path.join(adir, "overopt.json"))
+    free = next(iter(res["trajectories"]["free"].values()))
+    metrics = store.load_json(os.path.join(adir, "free", "seed1337", "metrics.jsonl"), lines=True)
+    assert set(res["trajectories"]) == {"free", "stop_1", "long_0.1"}
+    assert free["iters"] == [0, 1, 2, 3] and free["kl"][1:] == [r["eval/kl"] for r in metrics]
+    assert res["pairs"]["long_0.1 - free"]["kl"]
+    md = open(os.path.join(adir, "overopt.md")).read()
+    assert "## The unpenalised frontier, measured" in md and "| long_0.1 | free |" in md
+    assert "best-of-n (main)" in md and md.startswith("# ablate.py")
