@@ -468,8 +468,11 @@ def overopt_plan(order):
             own[c] = twin
     models = {"main": "long_adaptive - free"}
     models.update({b: f"long_adaptive_{b} - free_{b}" for b in BASE_OF if b.startswith("model")})
+    # The default penalty also against the slower β = 0 runs (their frontier is higher).
+    also = [("long_adaptive", f"free{lr}") for lr in FREE_LRS if lr and "long_adaptive" in order
+            and f"free{lr}" in order]
     return dict(free=frees, stops={f"stop_{k:g}": k for k in STOP_KLS if f"stop_{k:g}" in order},
-                stop_of="free", penalised=pens, own_free=own, models=models,
+                stop_of="free", penalised=pens, own_free=own, also=also, models=models,
                 betas=[f"long_{b}" for b in LONG_BETAS if f"long_{b}" in order])
 
 
@@ -509,6 +512,10 @@ def overopt_report(cfg, rest, base, adir, order, rows, run_dir, pool, made):
             metrics = store.load_json(os.path.join(run_dir(cond, r["seed"]), "metrics.jsonl"),
                                       lines=True)
             trajs.setdefault(cond, {})[r["seed"]] = overopt.trajectory(metrics, starts[key])
+    # The pretrained model's final evaluation on each seed's stream, as each run's is scored.
+    seeds = sorted({r["seed"] for r in rows} - {r["seed"] for r in rows
+                                                if r["condition"] == "pretrained"})
+    rows = rows + [baseline_row(cfg, base, s) for s in seeds]
     md, res = overopt_tables(bon, trajs, rows, overopt_plan(order))
     md = f"# ablate.py {' '.join(sys.argv[1:])}\n\n{md}\n{made[1]}\n"
     res["trajectories"] = {c: {str(s): t for s, t in v.items()} for c, v in trajs.items()}
@@ -684,7 +691,8 @@ def ablate(opts, rest):
                 store.write_text(os.path.join(adir, "results_ref.md"), ref_report)
         # The overopt tables, also of some of its conditions (--conditions: overopt.md only).
         if opts["suite"] == "overopt":
-            # Best-of-n's pools: 4 pools of 12 prompts x 256 samples (--quick: 2 of 2 x 32).
+            # Best-of-n: up to 48 held-out prompts (as many as there are) dealt into 4 pools, 256
+            # samples each (--quick: 2 pools of 2 prompts x 32).
             pool = (2, 2, 32) if opts["quick"] else (4, 12, 256)
             # The line that says what made it comes once, after the overopt tables.
             report = body + "\n" + overopt_report(cfg, rest, base, adir, order[1:], rows,

@@ -354,26 +354,28 @@ def free_section(trajs, frees, res):
 def stop_section(trajs, rows, stops, free, res):
     """--stop_kl's runs: the final evaluation (its own stream, as every final row) of the actor
     kept, and whether its evaluations are the β = 0 run's first ones (same seed: they should be)."""
-    start = [r["gold_mean"] for r in rows if r["condition"] == "pretrained"]
-    if not start or not any(r["condition"] in stops for r in rows):
+    # The pretrained model's final evaluation on each seed's own stream.
+    start = {r["seed"]: r["gold_mean"] for r in rows if r["condition"] == "pretrained"}
+    if not any(r["condition"] in stops and r["seed"] in start for r in rows):
         return []
     lines = ["\n## Stopping at a KL budget (--stop_kl, β = 0), final evaluation\n",
-             f"The actor kept (the last whose rollout was under the budget) on the final "
-             f"evaluation's samples; gold gain over the pretrained model's final evaluation "
-             f"({start[0]:+.3f}); mean [Student-t 95 % interval] over seeds. `same as {free}` "
+             "The actor kept (the last whose rollout was under the budget) on the final "
+             "evaluation's samples; gold gain over the pretrained model's final evaluation on the "
+             "same stream (paired by seed: two 200-sample streams differ by up to 0.3 gold); "
+             f"mean [Student-t 95 % interval] over seeds. `same as {free}` "
              f"counts the seeds whose during-PPO evaluations equal the β = 0 run's first ones "
              "(the same training up to the stop).\n",
              f"| budget | seeds | iterations run | KL | gold gain | same as {free} |",
              "|---|---|---|---|---|---|"]
     for cond, k in stops.items():
-        rs = [r for r in rows if r["condition"] == cond]
+        rs = [r for r in rows if r["condition"] == cond and r["seed"] in start]
         if not rs:
             continue
         ts = trajs.get(cond, {})
         iters = [t["iters"][-1] for t in ts.values()]
         same = sum(1 for s, t in ts.items() if s in trajs.get(free, {})
                    and trajs[free][s]["gold"][:len(t["gold"])] == t["gold"])
-        gains = [r["gold_mean"] - start[0] for r in rs]
+        gains = [r["gold_mean"] - start[r["seed"]] for r in rs]
         res["stops"][cond] = dict(kl=[r["kl"] for r in rs], gain=gains, iters=iters, same=same)
         span = f"{min(iters)}–{max(iters)}" if iters else "-"
         lines.append(f"| {k:g} nats | {len(rs)} | {span} | "
@@ -412,7 +414,7 @@ def penalised_section(trajs, pens, frees, res):
     return lines
 
 
-def pair_section(trajs, own_free, res):
+def pair_section(trajs, pairs, res):
     """Each penalised run against its own β = 0 run at the penalised run's final KL, paired by
     seed: its final gold minus the β = 0 frontier there (the best evaluation at or under that KL),
     and minus the β = 0 run's first pass through it (linear between two consecutive
@@ -426,7 +428,7 @@ def pair_section(trajs, own_free, res):
              "has no evaluation within 1 nat under the KL.\n",
              "| penalty | its β = 0 run | KL | penalty's gold | β = 0 frontier there | "
              "penalty − frontier | penalty − first pass |", "|---|---|---|---|---|---|---|"]
-    for pen, free in own_free.items():
+    for pen, free in pairs:
         if pen not in trajs or free not in trajs:
             continue
         seeds = [s for s in trajs[pen] if s in trajs[free]]
@@ -483,13 +485,15 @@ def fit_cells(fits):
 def fits_section(trajs, frees, betas, bon, res):
     """Gao et al.'s forms fitted to frontiers: R(d) = d(α − β log d) to each β = 0 run's
     evaluations (its KL grows, so its trajectory is a frontier) and, across the fixed β, to each
-    seed's final points; best-of-n's d(α − βd) to each 12-prompt pool."""
+    seed's final points; best-of-n's d(α − βd) to each pool of prompts."""
     lines = ["\n## Gao et al.'s forms fitted to frontiers\n",
              "Least squares through the origin, d = √KL: PPO's d(α − β log d), best-of-n's "
              "d(α − βd). One fit per seed (β = 0: its evaluations; fixed β: each β's final "
-             "evaluation, one point per β) or per 12-prompt pool (best-of-n); each column the "
-             "mean [Student-t 95 % interval] over the fits (the band over seeds or pools); KL at "
-             "the peak where the fitted curve turns ('-' where none turns).\n",
+             "evaluation, one point per β) or per pool of held-out prompts (best-of-n: the prompts "
+             "dealt into 4 pools); each column the mean [Student-t 95 % interval] over the fits "
+             "(the band over seeds or pools); KL at the peak where the fitted curve turns ('-' "
+             "where none turns; a peak beyond the data's largest KL is the fit's extrapolation)."
+             "\n",
              "| frontier | fits | α | β | R² | KL at peak | gain at peak |",
              "|---|---|---|---|---|---|---|"]
     for cond in frees:
@@ -538,6 +542,7 @@ def overopt_tables(bon, trajs, rows, plan):
     overopt.trajectory}}; rows ablate.py's final rows; plan names the conditions' roles:
     dict(free=[β = 0 runs], stops={condition: budget}, stop_of=the β = 0 run the stops share,
     penalised=[runs], betas=[the fixed-β runs, in β order], own_free={penalised: its β = 0 run},
+    also=[(penalised, a β = 0 run at another learning rate)],
     models={model: its key pair's name in own_free's 'pen - free' form})."""
     res = dict(free={}, stops={}, steps={}, pairs={}, fits={}, bon={})
     frees = [c for c in plan["free"] if c in trajs]
@@ -546,7 +551,7 @@ def overopt_tables(bon, trajs, rows, plan):
     lines = free_section(trajs, frees, res)
     lines += stop_section(trajs, rows, plan["stops"], plan["stop_of"], res)
     lines += penalised_section(trajs, pens, frees, res)
-    lines += pair_section(trajs, plan["own_free"], res)
+    lines += pair_section(trajs, list(plan["own_free"].items()) + plan["also"], res)
     lines += models_section(res, plan["models"])
     lines += fits_section(trajs, frees, betas, bon, res)
     lines += bon_section(bon, res)

@@ -135,7 +135,7 @@ def test_each_penalty_is_paired_by_seed_with_its_own_unpenalised_run_at_its_fina
     # Seed 1 overshoots to 2.8 nats and comes back: its final KL is read, not its largest.
     pen = {1: traj([2.8, 2.5], [1.0, 1.5], [4, 8]), 2: traj([3.0, 3.9], [1.2, 2.0], [4, 8])}
     res = empty()
-    tables.pair_section({"free": free, "long": pen}, {"long": "free"}, res)
+    tables.pair_section({"free": free, "long": pen}, [("long", "free")], res)
     got = res["pairs"]["long - free"]
     # Seed 1 ends at 2.5 nats: the best β = 0 evaluation at or under it is 0.9 (at 2.0); its first
     # pass through 2.5 is halfway from 0.9 to 0.6. Seed 2 ends at 3.9: best 0.3 (at 1.5).
@@ -159,14 +159,16 @@ def test_the_change_over_the_last_iterations_reads_only_them():
 def test_a_stopped_run_is_counted_as_the_unpenalised_runs_prefix_only_when_it_is_one():
     free = {1: traj([1.0, 2.0, 3.0], [0.4, 0.9, 0.6]), 2: traj([1.5, 2.5], [0.3, 0.2])}
     stop = {1: traj([1.0, 2.0], [0.4, 0.9]), 2: traj([1.5], [0.31])}
-    rows = [dict(condition="pretrained", seed=1, gold_mean=0.5)]
+    # Each seed's gain is over the pretrained model on its own stream.
+    rows = [dict(condition="pretrained", seed=1, gold_mean=0.5),
+            dict(condition="pretrained", seed=2, gold_mean=0.6)]
     rows += [dict(condition="stop_2", seed=s, gold_mean=g, kl=k) for s, g, k in ((1, 1.0, 1.9),
                                                                                  (2, 0.7, 1.4))]
     res = empty()
     cells = row_of(tables.stop_section({"free": free, "stop_2": stop}, rows, {"stop_2": 2},
                                        "free", res), "2 nats")
     assert res["stops"]["stop_2"]["same"] == 1 and cells[-1] == "1 of 2 |"
-    assert res["stops"]["stop_2"]["gain"] == pytest.approx([0.5, 0.2])
+    assert res["stops"]["stop_2"]["gain"] == pytest.approx([0.5, 0.1])
 
 
 def test_over_pretrained_models_the_unit_is_each_models_mean():
@@ -198,6 +200,7 @@ def test_the_plan_pairs_each_penalty_with_the_unpenalised_run_of_its_base_lambda
     assert own["long_0.1_lam1"] == "free_lam1" and own["long_rloo_0.1"] == "free_rloo"
     assert own["long_adaptive_rm4"] == "free_rm4" and own["long_adaptive_model2"] == "free_model2"
     assert set(own) == set(plan["penalised"]) and plan["stops"]["stop_6"] == 6
+    assert plan["also"] == [("long_adaptive", "free_lr_x0.25"), ("long_adaptive", "free_lr_x0.0625")]
     for pen, free in own.items():
         flags = set(ablate.CONDITIONS[pen])
         rest = set(ablate.CONDITIONS[free]) - set(ablate.NO_KL)
