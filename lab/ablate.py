@@ -274,7 +274,7 @@ def parse(argv):
     # The overopt tables fit each run's evaluations: a suite without any would fit nothing.
     if opts["suite"] == "overopt" and not cfg.eval.eval_every:
         die("--suite=overopt fits each run's held-out evaluations: --eval_every=0 gives it none "
-            "(leave it out: the suite evaluates every 10 iterations)")
+            "(leave it out: the suite evaluates after every iteration)")
     for d in (cfg.run.out_dir, os.path.join(cfg.run.out_dir, opts["subdir"])):
         if store.not_a_folder(d):
             die(f"--out_dir={cfg.run.out_dir}: {d} {store.not_a_folder(d)}")
