@@ -223,7 +223,7 @@ def parse(argv):
     if "--help" in argv or "-h" in argv:
         print(__doc__)
         sys.exit(0)
-    opts = dict(quick=False, seeds=0, conditions="", suite="core", jobs=2, subdir="ablate")
+    opts = dict(quick=False, seeds=3, conditions="", suite="core", jobs=2, subdir="ablate")
     check_once(argv)
     user = []
     for a in argv:
@@ -237,9 +237,9 @@ def parse(argv):
             user.append(a)
     if opts["suite"] not in SUITES:
         die(f"bad value for --suite: {opts['suite']!r} (choose {', '.join(SUITES)})")
-    # --seeds: 3 unless the suite says (SUITE_SEEDS).
-    if not any(a.startswith("--seeds=") for a in argv):
-        opts["seeds"] = SUITE_SEEDS.get(opts["suite"], 3)
+    # A suite's own seed count (SUITE_SEEDS) unless --seeds is given.
+    if opts["suite"] in SUITE_SEEDS and not any(a.startswith("--seeds=") for a in argv):
+        opts["seeds"] = SUITE_SEEDS[opts["suite"]]
     opts["user_conditions"] = bool(opts["conditions"])
     opts["conditions"] = opts["conditions"] or ",".join(SUITES[opts["suite"]])
     conds = opts["conditions"].split(",")
@@ -462,8 +462,14 @@ def overopt_plan(order):
     own = {}
     for c in pens:
         # A penalised run's own β = 0 run: the same base, λ and advantage.
-        twin = "free" + c[len("long_adaptive"):] if c.startswith("long_adaptive") else "free"
-        twin = "free_lam1" if c.endswith("_lam1") else "free_rloo" if "rloo" in c else twin
+        if c.endswith("_lam1"):
+            twin = "free_lam1"
+        elif "rloo" in c:
+            twin = "free_rloo"
+        elif c.startswith("long_adaptive_"):
+            twin = "free_" + c[len("long_adaptive_"):]
+        else:
+            twin = "free"
         if twin in order:
             own[c] = twin
     models = {"main": "long_adaptive - free"}
