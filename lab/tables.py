@@ -4,9 +4,10 @@
                                          # into out/ablate/
 `t_ci` is the Student-t interval of a mean over seeds (its coverage at 3-10 seeds simulated in
 tests/test_intervals.py); `paired_ci` the interval of a condition minus the baseline condition,
-paired by seed; `verdict` says "not separated" where that interval holds 0. `bootstrap_ci`, the
-percentile bootstrap the tables used before, is kept to measure its coverage (about 76 % at 3
-seeds for a nominal 95 %).
+paired by seed; `verdict` says "not separated" where that interval holds 0; `t_prediction` the
+interval a new seed's number falls in (lab/seeds.py). `bootstrap_ci`, the percentile bootstrap
+the tables used before, is kept to measure its coverage (about 76 % at 3 seeds for a nominal
+95 %).
 `summarise` (results.md), `ref_table` (the cheap-reference table), `beta_table` (β over the run)
 and `plot` (scores.png, frontier.png, beta.png) read ablate.py's rows (one per condition and seed,
 results.jsonl) and, for the curves, each run's metrics.jsonl in the folder `run_dir(condition,
@@ -77,6 +78,16 @@ def t_ci(x, level=0.95):
     x = np.asarray(x, dtype=float)
     n = len(x)
     half = t_quantile((1 + level) / 2, n - 1) * x.std(ddof=1) / math.sqrt(n)
+    return float(x.mean()), float(x.mean() - half), float(x.mean() + half)
+
+
+def t_prediction(x, level=0.95):
+    """(mean, low, high): the Student-t prediction interval for one new draw from what gave x
+    (a new seed's number): mean ± t·s·√(1 + 1/n), n - 1 degrees of freedom. Its coverage is
+    simulated in tests/test_intervals.py."""
+    x = np.asarray(x, dtype=float)
+    n = len(x)
+    half = t_quantile((1 + level) / 2, n - 1) * x.std(ddof=1) * math.sqrt(1 + 1 / n)
     return float(x.mean()), float(x.mean() - half), float(x.mean() + half)
 
 
@@ -451,6 +462,65 @@ def pair_section(trajs, pairs, res):
     return lines
 
 
+# The KLs at which "what a nat buys" reads both runs of a pair.
+SAME_KL = (2.0, 4.0)
+
+
+def bought_section(trajs, pairs, res):
+    """What the same KL buys with and without the penalty: each penalised run and its own β = 0
+    run read at their first pass through each KL in SAME_KL (overopt.at_kl), and at the penalised
+    run's final KL (its final evaluation beside the β = 0 run's first pass there), paired by seed:
+    gold and the gains penalty − β = 0 in gold and proxy, and beside them the response length and
+    the well-formed rate of each. A seed whose run never reaches the KL is left out (n says how
+    many)."""
+    lines = ["\n## What the same KL buys, with and without the penalty\n",
+             "Each run at its first pass through the KL (linear between two consecutive "
+             "evaluations); 'final': the penalised run's final evaluation and the β = 0 run's "
+             "first pass through that KL. Gold gains, mean [Student-t 95 % interval] over seeds; "
+             "differences penalty − β = 0 paired by seed, n pairs (seeds whose runs both reach the "
+             "KL); the response length (tokens) and well-formed rate as means over those seeds, "
+             "penalty / β = 0.\n",
+             "| penalty | its β = 0 run | KL | gold: penalty | gold: β = 0 | Δ gold | Δ proxy | "
+             "length | well-formed |", "|---|---|---|---|---|---|---|---|---|"]
+    res["bought"] = {}
+    keys = ("proxy", "gold", "length", "wellformed")
+    for pen, free in pairs:
+        if pen not in trajs or free not in trajs:
+            continue
+        seeds = [s for s in trajs[pen] if s in trajs[free]]
+        for target in SAME_KL + ("final",):
+            read = {}
+            for s in seeds:
+                p, f = trajs[pen][s], trajs[free][s]
+                if target == "final":
+                    at = p["kl"][-1]
+                    both = [{k: p[k][-1] for k in keys}]
+                else:
+                    at = target
+                    both = [{k: overopt.at_kl(p["kl"], p[k], [at])[0] for k in keys}]
+                both.append({k: overopt.at_kl(f["kl"], f[k], [at])[0] for k in keys})
+                if all(v is not None for b in both for v in b.values()):
+                    read[s] = both
+            if len(read) < 2:
+                continue
+            pairs_read = list(read.values())
+            d_proxy = [b[0]["proxy"] - b[1]["proxy"] for b in pairs_read]
+            d_gold = [b[0]["gold"] - b[1]["gold"] for b in pairs_read]
+            name = target if target == "final" else f"{target:g}"
+            res["bought"][f"{pen} - {free} @ {name}"] = dict(seeds=list(read), read=pairs_read,
+                                                               d_proxy=d_proxy, d_gold=d_gold)
+            # Each of length and well-formed rate, as the penalised run's mean / the β = 0 run's.
+            sides = {k: [float(np.mean([b[i][k] for b in pairs_read])) for i in (0, 1)]
+                     for k in ("length", "wellformed")}
+            lines.append(f"| {pen} | {free} | {name} | "
+                         f"{t_cell([b[0]['gold'] for b in pairs_read])} | "
+                         f"{t_cell([b[1]['gold'] for b in pairs_read])} | "
+                         f"{t_verdict(d_gold)} | {t_verdict(d_proxy)} | "
+                         f"{sides['length'][0]:.1f} / {sides['length'][1]:.1f} | "
+                         f"{sides['wellformed'][0]:.2f} / {sides['wellformed'][1]:.2f} |")
+    return lines
+
+
 def models_section(res, models):
     """The key pair's difference (penalty − frontier) with the pretrained model as the unit: each
     model's mean over its seeds, then the mean over models with its t interval (n the models) and
@@ -552,6 +622,7 @@ def overopt_tables(bon, trajs, rows, plan):
     lines += stop_section(trajs, rows, plan["stops"], plan["stop_of"], res)
     lines += penalised_section(trajs, pens, frees, res)
     lines += pair_section(trajs, list(plan["own_free"].items()) + plan["also"], res)
+    lines += bought_section(trajs, list(plan["own_free"].items()), res)
     lines += models_section(res, plan["models"])
     lines += fits_section(trajs, frees, betas, bon, res)
     lines += bon_section(bon, res)

@@ -147,6 +147,34 @@ def test_each_penalty_is_paired_by_seed_with_its_own_unpenalised_run_at_its_fina
     assert got["resolved"] is False
 
 
+def test_the_same_kl_is_read_at_each_runs_first_pass_and_paired_by_seed():
+    """At 2 nats: the β = 0 run passes it halfway between its evaluations at 1 and 3 nats, the penalty
+    between 1.5 and 2.5 (then comes back under it, which a first pass ignores); a seed whose penalty
+    never reaches 4 nats is left out there, and with one pair left the row is not written. 'final' reads
+    the penalty's last evaluation and the β = 0 run's first pass through its KL."""
+    def run(kl, proxy, gold, length, wf):
+        return dict(kl=[0.0] + kl, proxy=[0.0] + proxy, gold=[0.0] + gold, length=[18.0] + length,
+                    wellformed=[0.9] + wf, iters=list(range(len(kl) + 1)))
+    free = {1: run([1.0, 3.0, 5.0], [0.2, 0.6, 1.0], [0.4, 0.2, 0.0], [20.0, 30.0, 32.0], [0.9, 0.7, 0.5]),
+            2: run([1.0, 3.0, 5.0], [0.1, 0.5, 0.9], [0.3, 0.3, 0.1], [22.0, 26.0, 30.0], [0.9, 0.8, 0.6])}
+    pen = {1: run([1.5, 2.5, 1.9], [1.0, 2.0, 2.2], [1.2, 2.2, 2.4], [16.0, 12.0, 11.0], [0.95] * 3),
+           2: run([1.5, 2.5, 4.5], [1.0, 1.6, 2.0], [1.0, 1.8, 2.1], [17.0, 13.0, 12.0], [0.95] * 3)}
+    res = empty()
+    lines = tables.bought_section({"free": free, "long": pen}, [("long", "free")], res)
+    got = res["bought"]["long - free @ 2"]
+    assert got["seeds"] == [1, 2]
+    assert got["d_proxy"] == pytest.approx([1.5 - 0.4, 1.3 - 0.3])
+    assert got["d_gold"] == pytest.approx([1.7 - 0.3, 1.4 - 0.3])
+    assert got["read"][0][0]["length"] == pytest.approx(14.0) and got["read"][0][1]["length"] == pytest.approx(25.0)
+    assert "long - free @ 4" not in res["bought"]
+    row = row_of(lines, "long")
+    assert row[2] == "2" and row[7] == "14.5 / 24.5" and row[8].startswith("0.95 / 0.8")
+    # Final: the penalty's last evaluation (seed 1 back at 1.9 nats) beside the β = 0 run's first pass there.
+    final = res["bought"]["long - free @ final"]
+    assert final["d_gold"] == pytest.approx([2.4 - (0.4 - 0.2 * 0.45), 2.1 - (0.3 - 0.2 * 0.75)])
+    assert final["read"][0][0]["length"] == 11.0
+
+
 def test_the_change_over_the_last_iterations_reads_only_them():
     iters = [0, 4, 8, 12, 16, 20, 24, 28, 32]
     # A jump before the window, then a rise of 0.05 per iteration inside it.
@@ -296,4 +324,7 @@ def test_the_overopt_suite_on_some_of_its_conditions_writes_its_tables_from_each
     assert res["pairs"]["long_0.1 - free"]["kl"]
     md = open(os.path.join(adir, "overopt.md")).read()
     assert "## The unpenalised frontier, measured" in md and "| long_0.1 | free |" in md
+    assert free["length"][1:] == [r["eval/response_length"] for r in metrics]
+    assert free["wellformed"][1:] == [r["eval/wellformed_rate"] for r in metrics]
+    assert "## What the same KL buys, with and without the penalty" in md
     assert "best-of-n (main)" in md and md.startswith("# ablate.py")
