@@ -1,20 +1,26 @@
-"""README's first table, checked against a finished run: every number of it beside the one in
-out/report.json, and the ones that differ by more than they may.
+"""README's first table, checked against a finished run: does the run lie where a new seed lands
+(the default), or does it give the table's own numbers (--exact)?
 
-    python -m lab.claims                       # README.md's table against out/report.json
+    python -m lab.claims                       # out/report.json inside README's prediction intervals
+    python -m lab.claims --exact               # ... equal to the run's own columns, to rounding
     python -m lab.claims --out_dir=/tmp/run --readme=README.md --slack=0.05
     python -m lab.claims --help                # this text
 
-The table is the first markdown table whose header is `| metric | pretrained | RLHF actor |`;
-each row names a report column (ROWS), each cell holds a number or "mean ± std" (bold allowed).
-A number may differ from the run's by half a unit of its last printed digit (the table's own
-rounding: the same seed on the same machine gives the same numbers), plus --slack (another seed
-or CPU moves them; README says by how much). Each number that differs by more is printed with
-both values, and the exit code is 1; when all agree, one line says so and the exit code is 0.
-Bad input (no table, an unknown or a missing row, a row without one cell per policy, a missing or
-unreadable report, a field that is not a number, a flag given twice, a slack that is not a finite
-number >= 0) is one line on stderr naming the file and the field, exit 2; a number that is not
-finite in the report always differs. A minus sign may be written as prose writes it (−).
+The table is the first markdown table whose header is HEADER; each row names a report column
+(ROWS). The first two value cells are the run README was made from ("mean ± std" allowed, bold
+allowed); the next two, "mean [low, high]", a new seed's 95 % prediction interval from several
+whole-pipeline seeds (lab/seeds.py writes the table); the last, the sampling standard error, is
+not checked. By default each of the run's numbers (the mean of a row; not the "± std" part) must
+lie inside its interval: a run on another CPU, which rounds differently, passes when it lands
+where a new seed would. --exact checks the run's own columns instead: a number may differ by half
+a unit of its last printed digit (the same seed on the same machine gives the same numbers). Both
+add --slack. Each number outside is printed with both values, and the exit code is 1; when all
+agree, one line says so and the exit code is 0.
+Bad input (no table, an unknown or a missing row, a row without one cell per column, a cell
+without its numbers, an interval whose low end is above its high end, a missing or unreadable
+report, a field that is not a number, a flag given twice, a slack that is not a finite number
+>= 0) is one line on stderr naming the file and the field, exit 2; a number that is not finite in
+the report always differs. A minus sign may be written as prose writes it (−).
 Left out: ANSWER.md's tables (each names the command that made it).
 """
 # Ctrl-C while the imports below load torch (seconds) is one line and exit 130.
@@ -33,14 +39,16 @@ ROWS = {"gold score (mean ± std)": ("gold_mean", "gold_std"),
         "well-formed rate": ("wellformed_rate", None),
         "distinct-2": ("distinct_2", None),
         "perplexity under the reference": ("ref_ppl", None)}
-HEADER = "| metric | pretrained | RLHF actor |"
-# The table's columns -> report.json's policies.
+HEADER = ("| metric | pretrained | RLHF actor | a new seed: pretrained | a new seed: RLHF actor "
+          "| sampling s.e. |")
+# The table's columns -> report.json's policies (the run's own columns, then a new seed's).
 POLICIES = ("pretrained", "rlhf")
+CELLS = 2 * len(POLICIES) + 1
 
 
 def table_rows(text, where="README"):
-    """The rows of README's first table under HEADER: [(row name, [cell, cell])]. ValueError naming
-    `where` and the row when a row has not one cell per policy."""
+    """The rows of README's first table under HEADER: [(row name, [cell] * CELLS)]. ValueError
+    naming `where` and the row when a row has not CELLS value cells."""
     lines = text.splitlines()
     if HEADER not in lines:
         raise ValueError(f"{where} has no table with the header {HEADER!r}")
@@ -49,9 +57,10 @@ def table_rows(text, where="README"):
         if not line.startswith("|"):
             break
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) != 1 + len(POLICIES):
+        if len(cells) != 1 + CELLS:
             raise ValueError(f"{where}: the row {cells[0]!r} has {len(cells) - 1} value cells, not "
-                             f"{len(POLICIES)} ({', '.join(POLICIES)})")
+                             f"{CELLS} (the run's and a new seed's for {', '.join(POLICIES)}, "
+                             "then the sampling s.e.)")
         rows.append((cells[0], cells[1:]))
     return rows
 
@@ -89,9 +98,11 @@ def value(report, policy, column, where):
                          "number a run writes") from None
 
 
-def differences(text, report, slack=0.0, where=("README", "report.json")):
-    """(number of values checked, [lines naming each value that differs by more than allowed]).
-    where: the names of the README and the report, for the messages."""
+def differences(text, report, slack=0.0, where=("README", "report.json"), exact=False):
+    """(number of values checked, [lines naming each value outside what is allowed]). Default: each
+    row's mean inside a new seed's prediction interval (each end widened by half a unit of its
+    last digit and slack); exact: the run's own columns, each number within allowed(). where: the
+    names of the README and the report, for the messages."""
     checked, lines = 0, []
     rows = table_rows(text, where[0])
     missing = [name for name in ROWS if name not in [r[0] for r in rows]]
@@ -99,21 +110,36 @@ def differences(text, report, slack=0.0, where=("README", "report.json")):
         raise ValueError(f"{where[0]}'s table has no row {missing[0]!r}")
     for name, cells in rows:
         if name not in ROWS:
-            raise ValueError(f"{where[0]}: the table's row {name!r} names no report column "
+            raise ValueError(f"{where[0]}: the row {name!r} names no report column "
                              f"(known: {', '.join(ROWS)})")
         columns = [c for c in ROWS[name] if c is not None]
-        for policy, cell in zip(POLICIES, cells, strict=True):
-            printed = numbers(cell)
-            if len(printed) != len(columns):
-                raise ValueError(f"{where[0]}: row {name!r}, {policy}: {cell!r} has "
-                                 f"{len(printed)} numbers, not {len(columns)}")
-            for column, shown in zip(columns, printed):
+        for i, policy in enumerate(POLICIES):
+            own, new = numbers(cells[i]), numbers(cells[len(POLICIES) + i])
+            if len(own) != len(columns):
+                raise ValueError(f"{where[0]}: row {name!r}, {policy}: {cells[i]!r} has "
+                                 f"{len(own)} numbers, not {len(columns)}")
+            if len(new) != 3 or float(new[1]) > float(new[2]):
+                raise ValueError(f"{where[0]}: row {name!r}, a new seed's {policy}: "
+                                 f"{cells[len(POLICIES) + i]!r} is not \"mean [low, high]\"")
+            if exact:
+                pairs = list(zip(columns, own))
+            else:
+                pairs = [(columns[0], None)]
+            for column, shown in pairs:
                 actual = value(report, policy, column, where[1])
                 checked += 1
+                if shown is not None:
+                    ok = abs(float(shown) - actual) <= allowed(shown, slack)
+                    said = f"README {shown}, run {actual:.4f} (allowed ±{allowed(shown, slack):.4g})"
+                else:
+                    lo = float(new[1]) - allowed(new[1], slack)
+                    hi = float(new[2]) + allowed(new[2], slack)
+                    ok = lo <= actual <= hi
+                    said = (f"run {actual:.4f}, outside a new seed's [{new[1]}, {new[2]}] "
+                            f"(+ rounding and slack: [{lo:.4g}, {hi:.4g}])")
                 # A NaN is never within any tolerance.
-                if not abs(float(shown) - actual) <= allowed(shown, slack):
-                    lines.append(f"{name}, {policy} ({column}): README {shown}, run {actual:.4f} "
-                                 f"(allowed ±{allowed(shown, slack):.4g})")
+                if not ok:
+                    lines.append(f"{name}, {policy} ({column}): {said}")
     return checked, lines
 
 
@@ -123,12 +149,15 @@ def parse(argv):
         print(__doc__.strip())
         sys.exit(0)
     check_once(argv)
-    opts = dict(out_dir="out", readme="README.md", slack="0")
+    opts = dict(out_dir="out", readme="README.md", slack="0", exact=False)
     for a in argv:
-        name, _, v = a[2:].partition("=")
-        if not a.startswith("--") or name not in opts:
-            die(f"unknown flag {a!r} (lab.claims takes --out_dir, --readme, --slack)")
-        opts[name] = v
+        name, eq, v = a[2:].partition("=")
+        if a == "--exact":
+            opts["exact"] = True
+        elif not a.startswith("--") or name not in opts or name == "exact" or not eq:
+            die(f"unknown flag {a!r} (lab.claims takes --out_dir, --readme, --slack, --exact)")
+        else:
+            opts[name] = v
     try:
         opts["slack"] = float(opts["slack"])
     except ValueError:
@@ -157,19 +186,24 @@ def main(argv):
     try:
         text = load(opts["readme"], "text")
         report = load(report_path, "json")
-        checked, lines = differences(text, report, opts["slack"], (opts["readme"], report_path))
+        checked, lines = differences(text, report, opts["slack"], (opts["readme"], report_path),
+                                     opts["exact"])
     except ValueError as e:
         die(f"lab.claims: {e}")
     except KeyboardInterrupt:
         die("interrupted", 130)
     for line in lines:
         print(line)
+    if opts["exact"]:
+        what = "the run's own numbers, each within its rounding"
+    else:
+        what = "a new seed's prediction intervals"
     if lines:
-        print(f"{len(lines)} of {checked} numbers of {opts['readme']}'s first table differ from "
-              f"{report_path}")
+        print(f"{len(lines)} of {checked} numbers of {report_path} are outside {opts['readme']}'s "
+              f"first table ({what})")
         return 1
-    print(f"{opts['readme']}'s first table matches {report_path}: {checked} numbers, each within "
-          f"its rounding (+ slack {opts['slack']:g})")
+    print(f"{report_path} matches {opts['readme']}'s first table: {checked} numbers inside {what} "
+          f"(+ slack {opts['slack']:g})")
     return 0
 
 

@@ -1,17 +1,22 @@
 """The spread a new user should expect: the main pipeline under several seeds (world, pretraining,
-reward model and PPO all reseeded), and each of README's first-table numbers with its mean and
-min-max over them.
+reward model and PPO all reseeded), each number's mean and 95 % prediction interval for a new
+seed over them, and README's first table written from them.
 
-    python -m lab.seeds                        # seeds 1337, 1338, 1339 -> out/seeds/seeds.md
+    python -m lab.seeds                        # seeds 1337-1341 -> out/seeds/seeds.md
     python -m lab.seeds --seeds=1337,1338 --preset=smoke --out_dir=/tmp/s
     python -m lab.seeds --help                 # this text; train.py --help lists the other flags
 
 Every flag but --seeds goes to train.py unchanged. The seed that --seed names (default 1337) is
 the main run in --out_dir itself; each other seed runs in --out_dir/seeds/seedN. Each is
 train.py's pipeline, cached as train.py caches it: a finished seed is kept, a killed one goes on
-from where it stopped. The table goes to seeds/seeds.md with the line that says what made it
-(provenance.py), the numbers to seeds/seeds.json.
-Left out: intervals (three seeds give a range, not a distribution); another CPU (run this there).
+from where it stopped. seeds/seeds.md holds one row per number (each seed, the mean, min-max and
+the Student-t prediction interval, mean ± t·s·√(1 + 1/n): tables.t_prediction, its coverage
+simulated in tests/test_intervals.py), then README's first table: the main run's own numbers,
+a new seed's interval, and the sampling standard error of the main run's 200-sample means where
+the report holds what it takes (the gold score's std, a rate's binomial one), with the line that
+says what made it (provenance.py); the numbers go to seeds/seeds.json.
+Left out: another CPU (run this there); the sampling error of the means the report keeps no
+spread for (proxy, KL, distinct-2, perplexity).
 """
 # Ctrl-C while the imports below load torch (seconds) is one line and exit 130.
 if __name__ == "__main__":
@@ -23,7 +28,8 @@ import train
 from machinery import provenance, store
 from machinery.config import check_once, override
 from machinery.errors import RunError, die, run_main
-from lab.claims import POLICIES, ROWS
+from lab.claims import HEADER, POLICIES, ROWS
+from lab.tables import t_prediction
 
 
 def parse(argv):
@@ -33,7 +39,7 @@ def parse(argv):
         print(__doc__.strip())
         sys.exit(0)
     check_once(argv)
-    seeds, rest = "1337,1338,1339", []
+    seeds, rest = "1337,1338,1339,1340,1341", []
     for a in argv:
         if a.startswith("--seeds="):
             seeds = a.partition("=")[2]
@@ -45,6 +51,9 @@ def parse(argv):
         die(f"bad value for --seeds: {seeds!r} (a comma-separated list of integers)")
     if len(set(picked)) != len(picked):
         die(f"bad value for --seeds: {seeds!r} (distinct integers)")
+    # An interval needs a spread: at least two seeds.
+    if len(picked) < 2:
+        die(f"bad value for --seeds: {seeds!r} (at least two seeds, for an interval)")
     cfg = train.parse(rest)
     # The whole pipeline, so that each seed has a report to read.
     if cfg.run.stage != "all":
@@ -88,17 +97,60 @@ def numbers(run_dir):
 
 
 def table(per_seed):
-    """Markdown: one row per number, one column per seed, then the mean and the min-max."""
+    """Markdown: one row per number, one column per seed, then the mean, the min-max and a new
+    seed's 95 % prediction interval."""
     seeds = list(per_seed)
-    lines = ["| number | " + " | ".join(f"seed {s}" for s in seeds) + " | mean | min–max |",
-             "|---" * (len(seeds) + 3) + "|"]
+    n = len(seeds)
+    lines = ["| number | " + " | ".join(f"seed {s}" for s in seeds)
+             + f" | mean | min–max | a new seed (t, n = {n}) |",
+             "|---" * (n + 4) + "|"]
     for name in per_seed[seeds[0]]:
         vals = [per_seed[s][name] for s in seeds]
         digits = 0 if name.startswith("seconds") else 3
         cells = [f"{v:.{digits}f}" for v in vals]
         spread = f"{min(vals):.{digits}f}–{max(vals):.{digits}f}"
+        mean, lo, hi = t_prediction(vals)
         lines.append(f"| {name} | " + " | ".join(cells)
-                     + f" | {sum(vals) / len(vals):.{digits}f} | {spread} |")
+                     + f" | {mean:.{digits}f} | {spread} | [{lo:.{digits}f}, {hi:.{digits}f}] |")
+    return "\n".join(lines) + "\n"
+
+
+# README's rows: the decimals each row's numbers are printed to.
+DIGITS = {"gold score (mean ± std)": 2, "proxy score (reward model)": 2,
+          "exact KL to reference (nats / sequence)": 2, "well-formed rate": 3, "distinct-2": 3,
+          "perplexity under the reference": 2}
+
+
+def sampling_se(rep, column, n):
+    """The standard error of the report's n-sample mean in `column`, or None where the report
+    keeps no spread for it: the gold score's std / √n, a rate's √(p(1 - p) / n)."""
+    if column == "gold_mean":
+        return rep["gold_std"] / n ** 0.5
+    if column == "wellformed_rate":
+        return (rep[column] * (1 - rep[column]) / n) ** 0.5
+    return None
+
+
+def readme_table(main_rep, per_seed, n_eval):
+    """README's first table (lab/claims.py reads it): the main run's numbers, a new seed's
+    "mean [low, high]" over per_seed, and the sampling s.e. of the main run's means."""
+    lines = [HEADER, "|---" * (HEADER.count("|") - 1) + "|"]
+    for name, (column, std) in ROWS.items():
+        d = DIGITS[name]
+        label = name.replace("(mean ± std)", "(mean)")
+        own, new, ses = [], [], []
+        for policy in POLICIES:
+            rep = main_rep[policy]
+            cell = f"{rep[column]:.{d}f}"
+            if std is not None:
+                cell += f" ± {rep[std]:.{d}f}"
+            own.append(cell)
+            mean, lo, hi = t_prediction([row[f"{label}, {policy}"] for row in per_seed.values()])
+            new.append(f"{mean:.{d}f} [{lo:.{d}f}, {hi:.{d}f}]")
+            se = sampling_se(rep, column, n_eval)
+            ses.append("—" if se is None else f"{se:.{d}f}")
+        se_cell = "—" if ses == ["—"] * len(ses) else " / ".join(ses)
+        lines.append(f"| {name} | " + " | ".join(own + new) + f" | {se_cell} |")
     return "\n".join(lines) + "\n"
 
 
@@ -119,7 +171,16 @@ def main(argv):
                 130)
     runs = sum(row["seconds (stages summed)"] for row in per_seed.values())
     made = provenance.stamp(runs, device=cfg.run.device)
-    text = (f"# The main pipeline under {len(seeds)} seeds\n\n{table(per_seed)}\n"
+    main_dir = folder_of(cfg, cfg.run.seed)
+    if cfg.run.seed in per_seed:
+        main_rep = store.load_json(os.path.join(main_dir, "report.json"))
+        first = ("\nREADME's first table (the run of seed "
+                 f"{cfg.run.seed}, a new seed's 95 % prediction interval over these {len(seeds)}, "
+                 f"and the sampling s.e. of the run's {cfg.eval.n_eval}-sample means):\n\n"
+                 + readme_table(main_rep, per_seed, cfg.eval.n_eval))
+    else:
+        first = ""
+    text = (f"# The main pipeline under {len(seeds)} seeds\n\n{table(per_seed)}{first}\n"
             + provenance.line(made, "the seeds' stages summed") + "\n")
     sdir = os.path.join(cfg.run.out_dir, "seeds")
     os.makedirs(sdir, exist_ok=True)

@@ -1,12 +1,14 @@
 """seeds.py: the main pipeline under other seeds. On a copy of the smoke run (seed 1337, kept as it
 is) and one more seed: the other seed's pipeline is reseeded from its world on, the table's mean and
-min-max are those of the runs' own report.json, a second command makes nothing again, bad --seeds is
-one line and exit 2."""
+min-max and prediction interval are those of the runs' own report.json, README's table written from
+them passes lab.claims (both modes) against the main run and, in the default mode, against the other
+seed's run, a second command makes nothing again, bad --seeds is one line and exit 2."""
 import os, shutil
 
 import pytest
 
-from lab import seeds
+from lab import claims, seeds
+from lab.tables import t_prediction
 from machinery import store
 
 
@@ -28,10 +30,22 @@ def test_another_seed_reseeds_the_world_and_the_table_is_the_runs(run, tmp_path,
     lines = text.splitlines()
     kl_name = "| exact KL to reference (nats / sequence), rlhf |"
     kl_row = next(line for line in lines if line.startswith(kl_name))
+    _, lo, hi = t_prediction(kl)
     assert kl_row.split(" | ")[1:] == [f"{kl[0]:.3f}", f"{kl[1]:.3f}", f"{(kl[0] + kl[1]) / 2:.3f}",
-                                        f"{min(kl):.3f}–{max(kl):.3f} |"]
+                                        f"{min(kl):.3f}–{max(kl):.3f}", f"[{lo:.3f}, {hi:.3f}] |"]
     gain_row = next(line for line in lines if line.startswith("| gold gain (pretrained std) |"))
-    assert gain_row.split(" | ")[-1] == f"{min(gain):.3f}–{max(gain):.3f} |"
+    assert gain_row.split(" | ")[-2] == f"{min(gain):.3f}–{max(gain):.3f}"
+    # README's table, as seeds.md gives it, read by claims.py: the main run is its own columns and
+    # lies in the intervals; the other seed's run lies in them too (two seeds: a wide interval).
+    readme = tmp_path / "README.md"
+    readme.write_text(text)
+    for d, flags, code in ((out, ["--exact"], 0), (out, [], 0), (other, [], 0), (other, ["--exact"], 1)):
+        assert claims.main([f"--out_dir={d}", f"--readme={readme}", *flags]) == code, (d, flags)
+    gold_row = next(line for line in lines if line.startswith("| gold score (mean ± std) |"))
+    pre = reports[0]["pretrained"]
+    assert gold_row.split(" | ")[1] == f"{pre['gold_mean']:.2f} ± {pre['gold_std']:.2f}"
+    n_eval = store.load_json(os.path.join(out, "config.json"))["eval"]["n_eval"]
+    assert gold_row.split(" | ")[-1].startswith(f"{pre['gold_std'] / n_eval ** 0.5:.2f} / ")
     assert text.rstrip().splitlines()[-1].startswith("Made by `python ")
     # Again: every stage of both seeds kept.
     before = store.file_hash(os.path.join(other, "report.json"))
@@ -41,7 +55,7 @@ def test_another_seed_reseeds_the_world_and_the_table_is_the_runs(run, tmp_path,
     assert store.file_hash(os.path.join(other, "report.json")) == before
 
 
-@pytest.mark.parametrize("flag", ["--seeds=1337,x", "--seeds=1337,1337", "--seeds=1337,-1",
+@pytest.mark.parametrize("flag", ["--seeds=1337,x", "--seeds=1337,1337", "--seeds=1337,-1", "--seeds=1337",
                                   "--seeds=1337,2147483648", "--stage=ppo", "--nope=1"])
 def test_bad_input_is_one_line_and_exit_2_before_any_run(flag, capsys, tmp_path):
     with pytest.raises(SystemExit) as e:
@@ -78,6 +92,6 @@ def test_ctrl_c_between_seeds_is_one_line_and_exit_130(run, tmp_path, capsys, mo
     monkeypatch.setattr(seeds, "numbers", interrupted)
     # A KeyboardInterrupt that got out would be a traceback for the user (and stop pytest): caught here.
     with pytest.raises(BaseException) as e:
-        seeds.main(["--seeds=1337", "--preset=smoke", f"--out_dir={out}"])
+        seeds.main(["--seeds=1337,1338", "--preset=smoke", f"--out_dir={out}"])
     err = capsys.readouterr().err.strip().splitlines()
     assert e.type is SystemExit and e.value.code == 130 and len(err) == 1 and err[0].startswith("error: interrupted")
