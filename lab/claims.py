@@ -1,7 +1,7 @@
 """README's first table, checked against a finished run: does the run lie where a new seed lands
 (the default), or does it give the table's own numbers (--exact)?
 
-    python -m lab.claims                       # out/report.json inside README's prediction intervals
+    python -m lab.claims                       # out/report.json inside README's new-seed intervals
     python -m lab.claims --exact               # ... equal to the run's own columns, to rounding
     python -m lab.claims --out_dir=/tmp/run --readme=README.md --slack=0.05
     python -m lab.claims --help                # this text
@@ -130,7 +130,8 @@ def differences(text, report, slack=0.0, where=("README", "report.json"), exact=
                 checked += 1
                 if shown is not None:
                     ok = abs(float(shown) - actual) <= allowed(shown, slack)
-                    said = f"README {shown}, run {actual:.4f} (allowed ±{allowed(shown, slack):.4g})"
+                    said = (f"README {shown}, run {actual:.4f} "
+                            f"(allowed ±{allowed(shown, slack):.4g})")
                 else:
                     lo = float(new[1]) - allowed(new[1], slack)
                     hi = float(new[2]) + allowed(new[2], slack)
