@@ -37,13 +37,13 @@ built by train.py's stages when missing), so only PPO differs between rows. Ever
 the same iterations, batch and learning rates; a condition changes only the KL settings named in
 CONDITIONS.
 A condition in BASES runs on another base instead: a reward model of other size or data, or a
-second pretrained model (world, pretraining and reward model reseeded), made under
+another pretrained model (world, pretraining and reward model reseeded), made under
 --out_dir/SUBDIR/bases/NAME by train.py's stages from what the main run already has.
 The overopt suite (SUITE_FLAGS: its own budget, so its own folder, and not part of `all`) runs
 β = 0 until it passes 12 nats at three learning rates, evaluated after every iteration; β = 0
 stopped at budgets of 1-6 nats; fixed β, the adaptive controller and the mechanism's arms (the
 penalty per sequence, λ = 1, RLOO) for 240 iterations, evaluated every 4th; the key pair on other
-proxies and a second pretrained model. It adds best-of-n by the proxy on each reward model's
+proxies and two more pretrained models. It adds best-of-n by the proxy on each reward model's
 pretrained model, and tables.overopt_tables reads the trajectories as frontiers, pairs each
 penalty with its own β = 0 run, and fits Gao et al. 2022's forms (overopt.py).
 Its statistics (Student-t intervals, paired differences), tables and plots are in tables.py.
@@ -164,10 +164,10 @@ CONDITIONS = {
     "free_lam1": NO_KL + ["--lam=1"],
     "long_rloo_0.1": ["--advantage=rloo", "--kl_ctl=fixed", "--init_kl_coef=0.1"],
     "free_rloo": NO_KL + ["--advantage=rloo"],
-    # The key pair (the adaptive controller and its β = 0 run) on other proxies and a second
-    # pretrained model (BASES says which).
+    # The key pair (the adaptive controller and its β = 0 run) on other proxies and two more
+    # pretrained models (BASES says which).
     **{f"{arm}_{b}": flags for arm, flags in (("long_adaptive", []), ("free", NO_KL))
-       for b in ("rm1", "rm4", "pairs1500", "pairs3000", "model2")},
+       for b in ("rm1", "rm4", "pairs1500", "pairs3000", "model2", "model3")},
 }
 # The overopt conditions' own budgets: β = 0 until it passes FREE_KL nats, the penalised runs for
 # LONG_ITERS iterations (the suite's, SUITE_FLAGS, for the rest).
@@ -176,10 +176,11 @@ BUDGETS = {c: FREE if c.startswith("free") else LONG for c in CONDITIONS
 # condition -> (its base's folder name, the flags of the stages before PPO): a condition whose
 # reward model or pretrained model is not the main run's. Its base, out/ablate/bases/NAME, is made
 # by train.py's stages from a copy of the main run's world and pretrained model (what the flags
-# leave alone is reused); model2 reseeds everything, the world included.
+# leave alone is reused); model2 and model3 reseed everything, the world included.
 BASE_OF = {"rm1": ("rm_layers1", ["--rm_layers=1"]), "rm4": ("rm_layers4", ["--rm_layers=4"]),
            "pairs1500": ("pairs1500", ["--n_pairs=1500"]),
-           "pairs3000": ("pairs3000", ["--n_pairs=3000"]), "model2": ("model2", ["--seed=4242"])}
+           "pairs3000": ("pairs3000", ["--n_pairs=3000"]), "model2": ("model2", ["--seed=4242"]),
+           "model3": ("model3", ["--seed=5151"])}
 BASES = {f"{arm}_{b}": BASE_OF[b] for arm in ("long_adaptive", "free") for b in BASE_OF}
 SAME_AS = {"est_k1": "adaptive", "est_k1_reward": "adaptive", "est_k3_reward": "est_k3",
            "ref_full": "adaptive", "drift": "fixed_0.005"}
