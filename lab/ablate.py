@@ -20,6 +20,7 @@ seeds each.
                                              # -> out/ablate_overopt/ (overopt.md, .json, .png)
     python -m lab.ablate --fresh             # this command's runs again from the start
                                              # (never the main run: train.py's)
+    python -m lab.ablate --kept=             # no kept runs taken or kept (default: lab/runs)
 
 results.md gives each column's mean with a Student-t 95 % interval over seeds, then each condition
 minus `adaptive` (or the suite's first condition) paired over seeds; an interval that holds 0 is
@@ -31,6 +32,14 @@ stopped (a run killed half way resumes from its ppo_state.pt); a run with a dama
 record, is done again, alone. `--fresh` redoes this command's runs from the start and never touches
 the main run (that is `python train.py --fresh`). Ctrl-C, or a kill -9 of ablate.py, stops every
 worker before it writes another file.
+Kept runs: out/ is not part of the project, so each finished run's ppo.json, metrics.jsonl and
+record (with the machine, commit and date that made it) are also kept in lab/runs/SUBDIR/COND/SEED
+(--kept=FOLDER; only for the main run folder, out/, unless --kept names one; --kept= turns it off).
+A run missing from out/ whose kept record matches the current config, inputs and code, its kept
+files intact, is restored from there instead of being run: the tables come out the same, and say
+how many of their runs were kept ones and what made them. The inputs include the pretrained model's
+hash, so a kept run stands in only on a CPU whose rounding rebuilds the same base; elsewhere the
+runs are made again. The weights are not kept (examples.md says so for a kept run).
 
 The pretrained model, frozen reference and reward model come from the main run folder (--out_dir,
 built by train.py's stages when missing), so only PPO differs between rows. Every condition gets
@@ -60,7 +69,7 @@ import torch
 import data, tokenizer, train
 from ppo import PPOConfig
 from machinery import provenance, records, stages, store
-from machinery.config import check_once, override
+from machinery.config import RunConfig, check_once, override
 from machinery.errors import RunError, die, run_main
 from machinery.evaluate import best_of_k, during_ppo, evaluate_policy, plot_bestofk, sample_texts
 from machinery.precision import autocast
@@ -224,7 +233,8 @@ def parse(argv):
     if "--help" in argv or "-h" in argv:
         print(__doc__)
         sys.exit(0)
-    opts = dict(quick=False, seeds=3, conditions="", suite="core", jobs=2, subdir="ablate")
+    opts = dict(quick=False, seeds=3, conditions="", suite="core", jobs=2, subdir="ablate",
+                kept=KEPT_DIR)
     check_once(argv)
     user = []
     for a in argv:
@@ -279,11 +289,24 @@ def parse(argv):
     for d in (cfg.run.out_dir, os.path.join(cfg.run.out_dir, opts["subdir"])):
         if store.not_a_folder(d):
             die(f"--out_dir={cfg.run.out_dir}: {d} {store.not_a_folder(d)}")
+    # Runs are kept for the main run folder only, unless --kept names a folder.
+    named = any(a.startswith("--kept=") for a in argv)
+    if not named and os.path.abspath(cfg.run.out_dir) != os.path.abspath(OUT_DEFAULT):
+        opts["kept"] = ""
+    if opts["kept"]:
+        for d in (opts["kept"], os.path.join(opts["kept"], opts["subdir"])):
+            if store.not_a_folder(d):
+                die(f"--kept={opts['kept']}: {d} {store.not_a_folder(d)}")
     return opts, rest
 
 
 # In each run folder, written last: config, input and output hashes, as in stages.json.
 RECORD = "run.json"
+# Where finished runs are kept (the project's folder, not out/), and which of a run's files: the
+# outputs the tables read, then the record. The weights (MBs each) are left out.
+KEPT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "runs")
+KEPT = ("ppo.json", "metrics.jsonl")
+OUT_DEFAULT = RunConfig().out_dir
 
 
 def run_record(run_dir, stamp, outputs):
@@ -332,31 +355,90 @@ def finished(run_dir, stamp):
     return records.outputs_intact(run_dir, rec, needed)
 
 
+def keep(run_dir, kept_dir, rec, threads, device):
+    """A finished run's KEPT files copied into kept_dir, then its record (written last, with the
+    outputs it keeps and made_on: the machine, commit and date, and the run's own seconds)."""
+    os.makedirs(kept_dir, exist_ok=True)
+    store.remove(os.path.join(kept_dir, RECORD))
+    for n in KEPT:
+        with open(os.path.join(run_dir, n), "rb") as f:
+            store.write_bytes(os.path.join(kept_dir, n), f.read())
+    seconds = store.load_json(os.path.join(run_dir, "ppo.json"))["seconds"]
+    kept = dict(rec, outputs={n: rec["outputs"][n] for n in KEPT},
+                made_on=provenance.stamp(seconds, threads, device))
+    store.save_json(os.path.join(kept_dir, RECORD), kept)
+
+
+def kept_run(kept_dir, stamp):
+    """What made the run kept in kept_dir ("CPU (...), commit, date"), when its record matches
+    `stamp` (config, inputs and code) and its kept files are as the run wrote them; else None."""
+    path = os.path.join(kept_dir, RECORD)
+    if not os.path.exists(path):
+        return None
+    try:
+        rec = store.load_json(path)
+    except RunError:
+        return None
+    if records.damaged_record(rec) or not isinstance(rec.get("made_on"), dict):
+        return None
+    if records.code_difference(rec, stamp) or records.first_difference(rec, stamp) is not None:
+        return None
+    if not records.outputs_intact(kept_dir, rec, KEPT):
+        return None
+    m = rec["made_on"]
+    yes = {True: "yes", False: "no"}
+    try:
+        return (f"{m['cpu']} (AVX-512 {yes[m['avx512']]}, native bf16 {yes[m['native_bf16']]}), "
+                f"commit {m['commit']}, {m['date']}")
+    except (KeyError, TypeError):
+        return None
+
+
+def restore(kept_dir, run_dir):
+    """A kept run's files copied into run_dir, without a record: a restored run is taken from
+    kept_dir again by the next command (its weights are not there to make it a finished run)."""
+    os.makedirs(run_dir, exist_ok=True)
+    for n in KEPT:
+        with open(os.path.join(kept_dir, n), "rb") as f:
+            store.write_bytes(os.path.join(run_dir, n), f.read())
+
+
 def one_run(job):
     """A single PPO run in its own folder; returns its row for results.jsonl. A finished run made
-    under the same config and inputs, its outputs intact, is reused; any other is done again
-    (resuming from its ppo_state.pt when that was made under the same config and inputs; --fresh:
-    from the start)."""
-    cond, seed, rest, base, run_dir, threads = job
+    under the same config and inputs, its outputs intact, is reused; else a kept one (kept_dir)
+    that matches is restored; any other is done again (resuming from its ppo_state.pt when that
+    was made under the same config and inputs; --fresh: from the start) and kept."""
+    cond, seed, rest, base, run_dir, threads, kept_dir = job
     if threads:
         torch.set_num_threads(threads)
     cfg = train.parse(override(rest, CONDITIONS[cond] + [f"--seed={seed}", f"--out_dir={base}"]))
     st = stages.BY_NAME["ppo"]
     stamp = stages.stamp(cfg, st)
+    made_on = None
     if cfg.run.fresh or not finished(run_dir, stamp):
+        if kept_dir and not cfg.run.fresh:
+            made_on = kept_run(kept_dir, stamp)
         # The temporary files a kill mid-write leaves.
         stray = [n for n in os.listdir(run_dir) if ".tmp" in n] if os.path.isdir(run_dir) else []
-        partial = [st.partial] if cfg.run.fresh else []
+        partial = [st.partial] if cfg.run.fresh or made_on else []
         # The record goes first.
         for n in [RECORD] + st.outputs + stray + partial:
             store.remove(os.path.join(run_dir, n))
-        # As train.py runs the stage: seeded, under the run's precision.
-        stages.run_stage(cfg, st, stamp, base=base, run_dir=run_dir, log=quiet)
-        # Last: a run killed before this line is done again.
-        rec = run_record(run_dir, stamp, stages.files(cfg, st.outputs))
-        store.save_json(os.path.join(run_dir, RECORD), rec)
+        if made_on:
+            restore(kept_dir, run_dir)
+        else:
+            # As train.py runs the stage: seeded, under the run's precision.
+            stages.run_stage(cfg, st, stamp, base=base, run_dir=run_dir, log=quiet)
+            # Last: a run killed before this line is done again.
+            rec = run_record(run_dir, stamp, stages.files(cfg, st.outputs))
+            store.save_json(os.path.join(run_dir, RECORD), rec)
+    # A finished run not yet kept (or kept under another stamp) is kept.
+    if kept_dir and not made_on and not kept_run(kept_dir, stamp):
+        rec = store.load_json(os.path.join(run_dir, RECORD))
+        keep(run_dir, kept_dir, rec, threads, cfg.run.device)
     s = store.load_json(os.path.join(run_dir, "ppo.json"))
-    return dict(condition=cond, seed=seed, **s["final"], kl_coef_final=s["kl_coef_final"],
+    return dict(condition=cond, seed=seed, kept=made_on, **s["final"],
+                kl_coef_final=s["kl_coef_final"],
                 seconds=s["seconds"], ref=s.get("ref"), entropy=s["entropy"],
                 s_per_iter=s["ref"]["seconds_per_iter"], critic_mb=s["critic_bytes"] / 1e6,
                 **bestofk_cells(s["bestofk"]))
@@ -567,6 +649,9 @@ def write_examples(cfg, base, adir, order, seed, made_line, n=3):
              if c != "pretrained" and (c not in SAME_AS or SAME_AS[c] not in order)]
     lines = [f"# What each actor writes (seed {seed}, temperature {run.temperature})\n"]
     for name, path in runs:
+        if not os.path.exists(path):
+            lines.append(f"\n## {name}\n\n(a kept run: its weights were not kept)")
+            continue
         model, _ = load_checkpoint(path, run.device)
         # The same sampling noise for every actor.
         stages.seed_everything(seed + 2)
@@ -589,6 +674,17 @@ def made_by(started, rows, jobs, threads, device):
     line = (provenance.line(made, "this command's wall time to the end of its runs")
             + f" The runs' own times sum to {provenance.duration(made['runs_seconds'])}, {jobs} "
             "at a time.")
+    # Kept runs (lab/runs) were made by an earlier command: on which machine, at which commit.
+    runs = [r for r in rows if r["condition"] != "pretrained"]
+    kept = {}
+    for r in runs:
+        if r.get("kept"):
+            kept[r["kept"]] = kept.get(r["kept"], 0) + 1
+    if kept:
+        made["kept"] = kept
+        where = "; ".join(f"{m} ({k} run{'s' * (k > 1)})" for m, k in kept.items())
+        line += (f" {sum(kept.values())} of the {len(runs)} runs were kept ones, restored "
+                 f"rather than run; they were made on {where}.")
     return made, line
 
 
@@ -633,7 +729,9 @@ def ablate(opts, rest):
             made[c] = os.path.join(adir, "bases", name)
             make_base(rest, base, made[c], flags)
         jobs = [(c, seed0 + k, flags_before(c, opts), made.get(c, base),
-                 os.path.join(adir, c, f"seed{seed0 + k}"), threads)
+                 os.path.join(adir, c, f"seed{seed0 + k}"), threads,
+                 os.path.join(opts["kept"], opts["subdir"], c, f"seed{seed0 + k}")
+                 if opts["kept"] else None)
                 for c in dict.fromkeys(map(folder, order)) for k in range(opts["seeds"])]
         t0, rows = time.time(), [baseline_row(cfg, base, seed0)]
         print(f"ablate: {len(jobs)} PPO runs ({opts['jobs']} at a time) into {adir}", flush=True)

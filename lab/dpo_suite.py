@@ -155,7 +155,8 @@ def one_run(job):
     try:
         if arm in ARMS:
             return dpo_run(job)
-        row = ablate.one_run((PPO_ARMS[arm],) + job[1:])
+        # No kept runs (lab/runs) for this suite's PPO arms: its DPO arms have none either.
+        row = ablate.one_run((PPO_ARMS[arm],) + job[1:] + (None,))
         return dict(row, condition=arm)
     except RunError:
         raise

@@ -1,11 +1,11 @@
 """A tiny ablation: every condition runs and reports finite numbers; finished runs are reused; bad options and
 Ctrl-C are one line, and Ctrl-C leaves no worker behind."""
-import json, math, os, signal, subprocess, sys, time
+import json, math, os, shutil, signal, subprocess, sys, time
 import numpy as np
 import pytest
 import train
 from lab import ablate, tables
-from machinery import stages, store
+from machinery import provenance, stages, store
 from machinery.config import flat
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -473,3 +473,65 @@ def test_the_overopt_suite_without_evaluations_is_refused_before_any_work(tmp_pa
         ablate.main(["--suite=overopt", "--eval_every=0", "--preset=smoke", f"--out_dir={tmp_path}"])
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and len(err) == 1 and "--eval_every=0" in err[0] and not os.listdir(tmp_path)
+
+
+def test_a_kept_run_stands_in_for_a_run_a_fresh_checkout_lacks(run, tmp_path):
+    """A finished run's ppo.json, metrics.jsonl and record are kept (lab/runs; here --kept): with the
+    run folders gone, as in a fresh checkout, the same command reuses them, runs nothing and says so
+    under the tables; a kept file changed, a kept run made by other code or under another config is
+    done again, and kept."""
+    kept = tmp_path / "kept"
+    conds = ("no_kl", "fixed_0.5", "adaptive")
+    argv = ["--preset=smoke", f"--out_dir={run}", "--quick", "--ppo_iters=2", "--n_eval=8", "--jobs=1",
+            f"--conditions={','.join(conds)}", "--subdir=ablate_kept", f"--kept={kept}"]
+    ablate.main(argv)
+    adir = os.path.join(run, "ablate_kept")
+    rows = store.load_json(os.path.join(adir, "results.jsonl"), lines=True)
+
+    def kept_file(cond, name):
+        return kept / "ablate_kept" / cond / "seed1337" / name
+    assert sorted(os.listdir(kept_file("no_kl", ""))) == ["metrics.jsonl", "ppo.json", "run.json"]  # no weights
+    made = json.load(open(kept_file("no_kl", "run.json")))["made_on"]      # what made it, with the record
+    assert made["cpu"] == provenance.cpu_model() and made["seconds"] == round(rows[1]["seconds"], 1)
+
+    def again():
+        shutil.rmtree(adir)                                             # a fresh checkout: no run folders
+        ablate.main(argv)
+        return store.load_json(os.path.join(adir, "results.jsonl"), lines=True)
+
+    def actors():
+        return {c for c in conds if os.path.exists(os.path.join(adir, c, "seed1337", "actor.pt"))}
+
+    def without_kept(rs):
+        return [{k: v for k, v in r.items() if k != "kept"} for r in rs]
+    restored = again()
+    assert actors() == set() and all(r["kept"] for r in restored[1:])    # nothing ran
+    assert without_kept(restored) == without_kept(rows)
+    table = open(os.path.join(adir, "results.md")).read()
+    assert "3 of the 3 runs were kept ones, restored rather than run; they were made on " in table
+    assert "(a kept run: its weights were not kept)" in open(os.path.join(adir, "examples.md")).read()
+    with open(kept_file("no_kl", "metrics.jsonl"), "a") as f:
+        f.write(" ")                                                    # a kept file changed: redone
+    rec = json.load(open(kept_file("fixed_0.5", "run.json")))
+    rec["code"][next(iter(rec["code"]))] = "0" * 16                      # made by other code: redone
+    store.save_json(str(kept_file("fixed_0.5", "run.json")), rec)
+    rec = json.load(open(kept_file("adaptive", "run.json")))
+    rec["config"]["ppo_lr"] = 1e-5                                      # another config: redone
+    store.save_json(str(kept_file("adaptive", "run.json")), rec)
+    redone = again()
+    assert actors() == set(conds) and not any(r["kept"] for r in redone[1:])
+    assert "runs were kept ones" not in open(os.path.join(adir, "results.md")).read()
+    assert [(r["gold_mean"], r["kl"]) for r in redone] == [(r["gold_mean"], r["kl"]) for r in rows]
+    assert all(r["kept"] for r in again()[1:])                          # kept again, as they were redone
+    assert actors() == set()
+
+
+def test_runs_are_kept_only_for_the_main_run_folder_unless_kept_says_where(tmp_path, capsys):
+    assert ablate.parse(["--preset=smoke"])[0]["kept"] == ablate.KEPT_DIR
+    assert ablate.parse(["--preset=smoke", f"--out_dir={tmp_path}"])[0]["kept"] == ""
+    assert ablate.parse(["--preset=smoke", "--kept="])[0]["kept"] == ""
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SystemExit) as e:
+        ablate.parse(["--preset=smoke", f"--out_dir={tmp_path / 'out'}", f"--kept={tmp_path / 'file'}"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "--kept=" in err and "is a file" in err and err.count("\n") == 1

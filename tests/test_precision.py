@@ -236,7 +236,7 @@ def test_an_ablation_run_and_its_baseline_run_in_the_precision_their_records_nam
     for dtype in ("fp32", "bf16"):
         flags = ["--preset=smoke", f"--dtype={dtype}"]
         with pytest.raises(KeyboardInterrupt):
-            ablate.one_run(("adaptive", 1, flags, run, str(tmp_path / dtype), 0))
+            ablate.one_run(("adaptive", 1, flags, run, str(tmp_path / dtype), 0, None))
         with pytest.raises(KeyboardInterrupt):
             ablate.baseline_row(train.parse(flags + [f"--out_dir={run}"]), run, 1)
     assert seen == [False, False, True, True]
