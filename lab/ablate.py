@@ -728,11 +728,16 @@ def ablate(opts, rest):
             name, flags = BASES[c]
             made[c] = os.path.join(adir, "bases", name)
             make_base(rest, base, made[c], flags)
-        jobs = [(c, seed0 + k, flags_before(c, opts), made.get(c, base),
-                 os.path.join(adir, c, f"seed{seed0 + k}"), threads,
-                 os.path.join(opts["kept"], opts["subdir"], c, f"seed{seed0 + k}")
-                 if opts["kept"] else None)
-                for c in dict.fromkeys(map(folder, order)) for k in range(opts["seeds"])]
+        # One job per condition and seed; its kept copy lives under
+        # <kept>/<suite>/<condition>/seed<n> (None: nothing is kept).
+        jobs = []
+        for c in dict.fromkeys(map(folder, order)):
+            for seed in range(seed0, seed0 + opts["seeds"]):
+                kept = None
+                if opts["kept"]:
+                    kept = os.path.join(opts["kept"], opts["subdir"], c, f"seed{seed}")
+                jobs.append((c, seed, flags_before(c, opts), made.get(c, base),
+                             os.path.join(adir, c, f"seed{seed}"), threads, kept))
         t0, rows = time.time(), [baseline_row(cfg, base, seed0)]
         print(f"ablate: {len(jobs)} PPO runs ({opts['jobs']} at a time) into {adir}", flush=True)
         pool = None
