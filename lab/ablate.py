@@ -33,13 +33,15 @@ record, is done again, alone. `--fresh` redoes this command's runs from the star
 the main run (that is `python train.py --fresh`). Ctrl-C, or a kill -9 of ablate.py, stops every
 worker before it writes another file.
 Kept runs: out/ is not part of the project, so each finished run's ppo.json, metrics.jsonl and
-record (with the machine, commit and date that made it) are also kept in lab/runs/SUBDIR/COND/SEED
-(--kept=FOLDER; only for the main run folder, out/, unless --kept names one; --kept= turns it off).
-A run missing from out/ whose kept record matches the current config, inputs and code, its kept
-files intact, is restored from there instead of being run: the tables come out the same, and say
-how many of their runs were kept ones and what made them. The inputs include the pretrained model's
-hash, so a kept run stands in only on a CPU whose rounding rebuilds the same base; elsewhere the
-runs are made again. The weights are not kept (examples.md says so for a kept run).
+record (with the machine, commit and date that made it) are also kept in
+lab/runs/SUBDIR/COND/SEED/inputs_HASH (--kept=FOLDER; only for the main run folder, out/, unless
+--kept names one; --kept= turns it off). A run missing from out/ whose kept record matches the
+current config, inputs and code, its kept files intact, is restored from there instead of being
+run: the tables come out the same, and say how many of their runs were kept ones and what made
+them. The inputs include the pretrained model's hash, so a kept run stands in only on a CPU whose
+rounding rebuilds the same base; elsewhere the runs are made again and kept beside it (HASH is a
+digest of the inputs), so runs made on several CPUs accumulate, each CPU's own set. The weights are
+not kept (examples.md says so for a kept run).
 
 The pretrained model, frozen reference and reward model come from the main run folder (--out_dir,
 built by train.py's stages when missing), so only PPO differs between rows. Every condition gets
@@ -62,7 +64,7 @@ Left out: hyper-parameter search per condition; conditions are compared at one s
 if __name__ == "__main__":
     from machinery.errors import ctrl_c_while_starting
     ctrl_c_while_starting()
-import math, multiprocessing, os, shutil, signal, sys, time
+import hashlib, json, math, multiprocessing, os, shutil, signal, sys, time
 import numpy as np
 import torch
 
@@ -394,6 +396,14 @@ def kept_run(kept_dir, stamp):
         return None
 
 
+def kept_folder(seed_dir, stamp):
+    """Where a run is kept: seed_dir/inputs_HASH, HASH a digest of its input hashes. A CPU that
+    rounds differently builds other base models, so its runs are kept beside another CPU's,
+    never over them; each stands in on the CPUs that rebuild its inputs."""
+    text = json.dumps(stamp["inputs"], sort_keys=True)
+    return os.path.join(seed_dir, "inputs_" + hashlib.sha256(text.encode()).hexdigest()[:12])
+
+
 def restore(kept_dir, run_dir):
     """A kept run's files copied into run_dir, without a record: a restored run is taken from
     kept_dir again by the next command (its weights are not there to make it a finished run)."""
@@ -414,6 +424,8 @@ def one_run(job):
     cfg = train.parse(override(rest, CONDITIONS[cond] + [f"--seed={seed}", f"--out_dir={base}"]))
     st = stages.BY_NAME["ppo"]
     stamp = stages.stamp(cfg, st)
+    if kept_dir:
+        kept_dir = kept_folder(kept_dir, stamp)
     made_on = None
     if cfg.run.fresh or not finished(run_dir, stamp):
         if kept_dir and not cfg.run.fresh:
@@ -560,9 +572,15 @@ def overopt_plan(order):
     # The default penalty also against the slower β = 0 runs (their frontier is higher).
     also = [("long_adaptive", f"free{lr}") for lr in FREE_LRS if lr and "long_adaptive" in order
             and f"free{lr}" in order]
+    # The key pair on the other proxies, the main one first (overopt_report adds each reward
+    # model's accuracy).
+    proxies = {"main": dict(pair="long_adaptive - free", about="the main run's")}
+    proxies.update({b: dict(pair=f"long_adaptive_{b} - free_{b}", about=" ".join(BASE_OF[b][1]))
+                    for b in BASE_OF if not b.startswith("model")})
     return dict(free=frees, stops={f"stop_{k:g}": k for k in STOP_KLS if f"stop_{k:g}" in order},
                 stop_of="free", penalised=pens, own_free=own, also=also, models=models,
-                betas=[f"long_{b}" for b in LONG_BETAS if f"long_{b}" in order])
+                betas=[f"long_{b}" for b in LONG_BETAS if f"long_{b}" in order],
+                proxies=proxies)
 
 
 def overopt_report(cfg, rest, base, adir, order, rows, run_dir, pool, made):
@@ -605,7 +623,15 @@ def overopt_report(cfg, rest, base, adir, order, rows, run_dir, pool, made):
     seeds = sorted({r["seed"] for r in rows} - {r["seed"] for r in rows
                                                 if r["condition"] == "pretrained"})
     rows = rows + [baseline_row(cfg, base, s) for s in seeds]
-    md, res = overopt_tables(bon, trajs, rows, overopt_plan(order))
+    plan = overopt_plan(order)
+    # Each proxy's reward model, as its reward stage measured it on its held-out pairs.
+    for b, p in plan["proxies"].items():
+        folder_of = base if b == "main" else os.path.join(adir, "bases", BASE_OF[b][0])
+        if os.path.exists(os.path.join(folder_of, "reward.json")):
+            stats = store.load_json(os.path.join(folder_of, "reward.json"))
+            p.update({k: stats[k] for k in ("acc_noisy", "acc_gold", "n_val")})
+    plan["proxies"] = {b: p for b, p in plan["proxies"].items() if "acc_gold" in p}
+    md, res = overopt_tables(bon, trajs, rows, plan)
     md = f"# ablate.py {' '.join(sys.argv[1:])}\n\n{md}\n{made[1]}\n"
     res["trajectories"] = {c: {str(s): t for s, t in v.items()} for c, v in trajs.items()}
     res["made_by"] = made[0]
@@ -729,7 +755,7 @@ def ablate(opts, rest):
             made[c] = os.path.join(adir, "bases", name)
             make_base(rest, base, made[c], flags)
         # One job per condition and seed; its kept copy lives under
-        # <kept>/<suite>/<condition>/seed<n> (None: nothing is kept).
+        # <kept>/<suite>/<condition>/seed<n>/inputs_<hash> (None: nothing is kept).
         jobs = []
         for c in dict.fromkeys(map(folder, order)):
             for seed in range(seed0, seed0 + opts["seeds"]):

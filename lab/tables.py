@@ -5,9 +5,10 @@
 `t_ci` is the Student-t interval of a mean over seeds (its coverage at 3-10 seeds simulated in
 tests/test_intervals.py); `paired_ci` the interval of a condition minus the baseline condition,
 paired by seed; `verdict` says "not separated" where that interval holds 0; `t_prediction` the
-interval a new seed's number falls in (lab/seeds.py). `bootstrap_ci`, the percentile bootstrap
-the tables used before, is kept to measure its coverage (about 76 % at 3 seeds for a nominal
-95 %).
+interval a new seed's number falls in (lab/seeds.py); `welch_ci` the unpaired difference of two
+conditions run on different reward models (their seeds are not paired). `bootstrap_ci`, the
+percentile bootstrap the tables used before, is kept to measure its coverage (about 76 % at 3
+seeds for a nominal 95 %).
 `summarise` (results.md), `ref_table` (the cheap-reference table), `beta_table` (β over the run)
 and `plot` (scores.png, frontier.png, beta.png) read ablate.py's rows (one per condition and seed,
 results.jsonl) and, for the curves, each run's metrics.jsonl in the folder `run_dir(condition,
@@ -89,6 +90,19 @@ def t_prediction(x, level=0.95):
     n = len(x)
     half = t_quantile((1 + level) / 2, n - 1) * x.std(ddof=1) * math.sqrt(1 + 1 / n)
     return float(x.mean()), float(x.mean() - half), float(x.mean() + half)
+
+
+def welch_ci(a, b, level=0.95):
+    """(mean, low, high): Welch's interval of mean(a) − mean(b) for two independent samples
+    (unpaired, variances not assumed equal): the difference ± t·√(s_a²/n_a + s_b²/n_b), the
+    degrees of freedom Welch–Satterthwaite's, rounded down to 0.01 (a little wider, never
+    narrower). Its coverage is simulated in tests/test_intervals.py."""
+    a, b = (np.asarray(x, dtype=float) for x in (a, b))
+    va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
+    df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
+    half = t_quantile((1 + level) / 2, math.floor(df * 100) / 100) * math.sqrt(va + vb)
+    d = float(a.mean() - b.mean())
+    return d, d - half, d + half
 
 
 def paired_ci(rows, cond, base, col):
@@ -542,6 +556,38 @@ def models_section(res, models):
             f"{np.std(means, ddof=1):.3f}, between seeds within a model {within:.3f}.\n"]
 
 
+def proxies_section(res, proxies):
+    """The key pair's difference (penalty − frontier) on reward models of other quality: for each
+    proxy its held-out accuracy (against the annotator's noisy labels and the gold order), the
+    difference over its seeds (Student-t) and its difference from the main proxy's (Welch:
+    another reward model, so the seeds are not paired). proxies {name: dict(pair=own_free's
+    'pen - free' name, acc_noisy, acc_gold, n_val, about=what differs)}, the main proxy first."""
+    per = {m: p for m, p in proxies.items() if p["pair"] in res["pairs"]}
+    if len(per) < 2 or "main" not in per:
+        return []
+    main = res["pairs"][per["main"]["pair"]]["d_frontier"]
+    lines = ["\n## The key pair on proxies of other quality\n",
+             "The default penalty minus the β = 0 frontier at its KL (as above), on reward models "
+             "that differ from the main one in size or data; each reward model's held-out "
+             "accuracy against the annotator's noisy labels and against the gold order (pairs "
+             "the gold scores tell apart). Mean [Student-t 95 % interval], n seeds; minus the "
+             "main proxy's: Welch's 95 % interval (another reward model, so unpaired).\n",
+             "| proxy | what differs | held-out pairs | accuracy: noisy | accuracy: gold | "
+             "penalty − frontier | minus the main proxy's |", "|---|---|---|---|---|---|---|"]
+    res["proxies"] = {}
+    for m, p in per.items():
+        d = res["pairs"][p["pair"]]["d_frontier"]
+        diff = "-"
+        ci = None
+        if m != "main" and len(d) >= 2 and len(main) >= 2:
+            ci = welch_ci(d, main)
+            diff = verdict(ci + (len(d) + len(main),)) + f" (n {len(d)} and {len(main)})"
+        res["proxies"][m] = dict(p, d_frontier=d, minus_main=ci)
+        lines.append(f"| {m} | {p['about']} | {p['n_val']} | {p['acc_noisy']:.3f} | "
+                     f"{p['acc_gold']:.3f} | {t_verdict(d)} | {diff} |")
+    return lines
+
+
 def fit_cells(fits):
     """α, β, R², d* and the gain at d* of per-seed (or per-pool) fits: mean [t interval] each."""
     cells = [t_cell([f[k] for f in fits], "{:.3f}") for k in ("alpha", "beta")]
@@ -613,7 +659,8 @@ def overopt_tables(bon, trajs, rows, plan):
     dict(free=[β = 0 runs], stops={condition: budget}, stop_of=the β = 0 run the stops share,
     penalised=[runs], betas=[the fixed-β runs, in β order], own_free={penalised: its β = 0 run},
     also=[(penalised, a β = 0 run at another learning rate)],
-    models={model: its key pair's name in own_free's 'pen - free' form})."""
+    models={model: its key pair's name in own_free's 'pen - free' form}, proxies: as
+    proxies_section's, optional)."""
     res = dict(free={}, stops={}, steps={}, pairs={}, fits={}, bon={})
     frees = [c for c in plan["free"] if c in trajs]
     pens = [c for c in plan["penalised"] if c in trajs]
@@ -624,6 +671,7 @@ def overopt_tables(bon, trajs, rows, plan):
     lines += pair_section(trajs, list(plan["own_free"].items()) + plan["also"], res)
     lines += bought_section(trajs, list(plan["own_free"].items()), res)
     lines += models_section(res, plan["models"])
+    lines += proxies_section(res, plan.get("proxies", {}))
     lines += fits_section(trajs, frees, betas, bon, res)
     lines += bon_section(bon, res)
     return "\n".join(lines) + "\n", res

@@ -246,7 +246,7 @@ def same_numbers(a, b):
 
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc to find the workers")
 def test_a_kill_9_of_ablate_stops_its_workers_and_the_rerun_ends_as_a_clean_run(run):
-    flags = ["--preset=smoke", f"--out_dir={run}", "--conditions=no_kl,fixed_0.5", "--seeds=1", "--ppo_iters=8",
+    flags = ["--preset=smoke", f"--out_dir={run}", "--conditions=no_kl,fixed_0.5", "--seeds=1", "--ppo_iters=4",
              "--n_eval=8", "--jobs=2"]
     p = subprocess.Popen([sys.executable, "-m", "lab.ablate", *flags, "--subdir=ablate_kill"], cwd=ROOT,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -488,9 +488,23 @@ def test_a_kept_run_stands_in_for_a_run_a_fresh_checkout_lacks(run, tmp_path):
     adir = os.path.join(run, "ablate_kept")
     rows = store.load_json(os.path.join(adir, "results.jsonl"), lines=True)
 
+    elsewhere = "0" * 16                                                # another CPU's pretrained model
+
     def kept_file(cond, name):
-        return kept / "ablate_kept" / cond / "seed1337" / name
+        # This CPU's run, kept under its inputs' digest (beside another CPU's, made below).
+        seed_dir = kept / "ablate_kept" / cond / "seed1337"
+        [key] = [k for k in os.listdir(seed_dir)
+                 if json.load(open(seed_dir / k / "run.json"))["inputs"]["pretrain.pt"] != elsewhere]
+        return seed_dir / key / name
     assert sorted(os.listdir(kept_file("no_kl", ""))) == ["metrics.jsonl", "ppo.json", "run.json"]  # no weights
+    # Another CPU's run of no_kl: the same config and code, other base models (its inputs' hashes).
+    rec = json.load(open(kept_file("no_kl", "run.json")))
+    rec["inputs"]["pretrain.pt"] = elsewhere
+    seed_dir = kept / "ablate_kept" / "no_kl" / "seed1337"
+    other = seed_dir / os.path.basename(ablate.kept_folder(str(seed_dir), rec))
+    shutil.copytree(kept_file("no_kl", ""), other)
+    store.save_json(str(other / "run.json"), rec)
+    theirs = files_in(str(other))
     made = json.load(open(kept_file("no_kl", "run.json")))["made_on"]      # what made it, with the record
     assert made["cpu"] == provenance.cpu_model() and made["seconds"] == round(rows[1]["seconds"], 1)
 
@@ -510,7 +524,8 @@ def test_a_kept_run_stands_in_for_a_run_a_fresh_checkout_lacks(run, tmp_path):
     table = open(os.path.join(adir, "results.md")).read()
     assert "3 of the 3 runs were kept ones, restored rather than run; they were made on " in table
     assert "(a kept run: its weights were not kept)" in open(os.path.join(adir, "examples.md")).read()
-    with open(kept_file("no_kl", "metrics.jsonl"), "a") as f:
+    path = kept_file("no_kl", "metrics.jsonl")
+    with open(path, "a") as f:
         f.write(" ")                                                    # a kept file changed: redone
     rec = json.load(open(kept_file("fixed_0.5", "run.json")))
     rec["code"][next(iter(rec["code"]))] = "0" * 16                      # made by other code: redone
@@ -524,6 +539,8 @@ def test_a_kept_run_stands_in_for_a_run_a_fresh_checkout_lacks(run, tmp_path):
     assert [(r["gold_mean"], r["kl"]) for r in redone] == [(r["gold_mean"], r["kl"]) for r in rows]
     assert all(r["kept"] for r in again()[1:])                          # kept again, as they were redone
     assert actors() == set()
+    assert kept_file("no_kl", "metrics.jsonl") == path                  # in the same place, over the stale one
+    assert files_in(str(other)) == theirs                               # and never over another CPU's
 
 
 def test_runs_are_kept_only_for_the_main_run_folder_unless_kept_says_where(tmp_path, capsys):

@@ -210,6 +210,26 @@ def test_over_pretrained_models_the_unit_is_each_models_mean():
     assert m["ci"][1] == pytest.approx(1.25 - 12.706 * 0.75, abs=1e-3) and "n 2 models" in lines[1]
 
 
+def test_each_proxy_s_gap_is_its_own_seeds_and_its_difference_from_the_main_proxy_s_is_unpaired():
+    res = dict(pairs={"a - f": dict(d_frontier=[1.0, 2.0, 3.0]), "b - g": dict(d_frontier=[0.0, 1.0, 5.0, 2.0]),
+                      "c - h": dict(d_frontier=[1.0])})
+    about = dict(acc_noisy=0.6, acc_gold=0.7, n_val=300, about="--rm_layers=4")
+    lines = tables.proxies_section(res, {"main": dict(about, pair="a - f"), "rm4": dict(about, pair="b - g"),
+                                         "rm1": dict(about, pair="c - h"), "pairs9": dict(about, pair="x - y")})
+    p = res["proxies"]
+    assert set(p) == {"main", "rm1", "rm4"} and p["main"]["minus_main"] is None     # a pair not run: no row
+    # Welch by hand: variances of the means 1/3 and (14/3)/4, df = (va + vb)^2 / (va^2/2 + vb^2/3) = 4.42.
+    va, vb = 1.0 / 3, (14.0 / 3) / 4
+    df = (va + vb) ** 2 / (va ** 2 / 2 + vb ** 2 / 3)
+    half = tables.t_quantile(0.975, math.floor(df * 100) / 100) * math.sqrt(va + vb)
+    assert p["rm4"]["minus_main"] == pytest.approx((0.0, -half, half))
+    assert df == pytest.approx(4.42, abs=0.01) and 2.571 < half / math.sqrt(va + vb) < 2.776   # t(5) < . < t(4)
+    rm4 = row_of(lines, "rm4")
+    assert rm4[2:5] == ["300", "0.600", "0.700"] and "not separated (n 4 and 3)" in rm4[-1]
+    assert row_of(lines, "rm1")[-1] == "- |"                                      # one seed: no interval
+    assert tables.proxies_section(res, {"rm4": dict(about, pair="b - g")}) == []   # no main proxy: nothing
+
+
 def test_the_forms_are_fitted_per_seed_to_frontiers_and_recover_their_parameters():
     d = np.linspace(0.2, 3.0, 12)
     kl = list(d ** 2)
@@ -310,21 +330,28 @@ def test_one_text_scored_twice_is_one_outcome_in_the_pool():
 
 def test_the_overopt_suite_on_some_of_its_conditions_writes_its_tables_from_each_runs_evaluations(run):
     """Through ablate.py on the smoke run: the β = 0 run evaluated after every iteration, the stop and
-    the penalised run beside it, and overopt.md / overopt.json read from their metrics."""
+    the penalised run beside it, and overopt.md / overopt.json read from their metrics; the key pair on a
+    1-block reward model too, beside its reward model's accuracy as its own reward stage measured it."""
     from lab import ablate
     ablate.main(["--preset=smoke", f"--out_dir={run}", "--suite=overopt", "--quick", "--ppo_iters=3",
                  "--eval_every=1", "--eval_n=8", "--n_eval=8", "--jobs=1", "--subdir=overopt_t",
-                 "--conditions=free,stop_1,long_0.1"])
+                 "--conditions=free,stop_1,long_adaptive,long_adaptive_rm1,free_rm1"])
     adir = os.path.join(run, "overopt_t")
     res = store.load_json(os.path.join(adir, "overopt.json"))
     free = next(iter(res["trajectories"]["free"].values()))
     metrics = store.load_json(os.path.join(adir, "free", "seed1337", "metrics.jsonl"), lines=True)
-    assert set(res["trajectories"]) == {"free", "stop_1", "long_0.1"}
+    assert set(res["trajectories"]) == {"free", "stop_1", "long_adaptive", "long_adaptive_rm1", "free_rm1"}
     assert free["iters"] == [0, 1, 2, 3] and free["kl"][1:] == [r["eval/kl"] for r in metrics]
-    assert res["pairs"]["long_0.1 - free"]["kl"]
+    assert res["pairs"]["long_adaptive - free"]["kl"]
     md = open(os.path.join(adir, "overopt.md")).read()
-    assert "## The unpenalised frontier, measured" in md and "| long_0.1 | free |" in md
+    assert "## The unpenalised frontier, measured" in md and "| long_adaptive | free |" in md
     assert free["length"][1:] == [r["eval/response_length"] for r in metrics]
     assert free["wellformed"][1:] == [r["eval/wellformed_rate"] for r in metrics]
     assert "## What the same KL buys, with and without the penalty" in md
     assert "best-of-n (main)" in md and md.startswith("# ablate.py")
+    rm1 = store.load_json(os.path.join(adir, "bases", "rm_layers1", "reward.json"))
+    proxies = res["proxies"]
+    assert list(proxies) == ["main", "rm1"] and proxies["rm1"]["acc_gold"] == rm1["acc_gold"]
+    assert proxies["rm1"]["about"] == "--rm_layers=1" and proxies["rm1"]["n_val"] == rm1["n_val"]
+    assert proxies["rm1"]["d_frontier"] == res["pairs"]["long_adaptive_rm1 - free_rm1"]["d_frontier"]
+    assert "## The key pair on proxies of other quality" in md and "| rm1 | --rm_layers=1 |" in md
