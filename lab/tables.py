@@ -99,9 +99,12 @@ def welch_ci(a, b, level=0.95):
     narrower). Its coverage is simulated in tests/test_intervals.py."""
     a, b = (np.asarray(x, dtype=float) for x in (a, b))
     va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
+    d = float(a.mean() - b.mean())
+    # No spread in either sample: no interval around the difference, as t_ci gives.
+    if va + vb == 0:
+        return d, d, d
     df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
     half = t_quantile((1 + level) / 2, math.floor(df * 100) / 100) * math.sqrt(va + vb)
-    d = float(a.mean() - b.mean())
     return d, d - half, d + half
 
 

@@ -99,3 +99,4 @@ def test_welch_s_interval_with_equal_spread_and_size_is_the_pooled_t_one():
     s2 = np.var(a, ddof=1)
     assert np.var(b, ddof=1) == pytest.approx(s2) and d == pytest.approx(1.0)
     assert hi - d == pytest.approx(2.776 * np.sqrt(2 * s2 / 3), rel=1e-3) and d - lo == pytest.approx(hi - d)
+    assert welch_ci([1.0, 1.0, 1.0], [2.0, 2.0]) == (-1.0, -1.0, -1.0)      # no spread: no width, no error
