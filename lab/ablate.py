@@ -1,10 +1,10 @@
 """What the reference model buys, measured: the PPO stage re-run under each condition, several
 seeds each.
 
-    python -m lab.ablate                     # the core suite x 3 seeds at the main run's budget
+    python -m lab.ablate                     # the core suite x 5 seeds at the main run's budget
                                              # -> out/ablate/
     python -m lab.ablate --suite=estimators  # a suite: core, estimators, reference, beta, anchors,
-                                             # or all (SUITES)
+                                             # models, or all (SUITES)
     python -m lab.ablate --quick             # one seed, short runs (32 x 12 sequences): about 2
                                              # minutes -> out/ablate_quick/
     python -m lab.ablate --conditions=no_kl,adaptive --seeds=5 --ppo_iters=80
@@ -47,9 +47,12 @@ The pretrained model, frozen reference and reward model come from the main run f
 built by train.py's stages when missing), so only PPO differs between rows. Every condition gets
 the same iterations, batch and learning rates; a condition changes only the KL settings named in
 CONDITIONS.
-A condition in BASES runs on another base instead: a reward model of other size or data, or a
+A condition in BASES runs on another base instead: a reward model of other size or data, or
 another pretrained model (world, pretraining and reward model reseeded), made under
 --out_dir/SUBDIR/bases/NAME by train.py's stages from what the main run already has.
+The models suite runs the headline conditions (no reference, the fixed βs, the default penalty) on
+the main model and on two more (model2, model3), and tables.models_table takes each model's mean
+over seeds as the unit: the claims with the variance between pretrained models in them.
 The overopt suite (SUITE_FLAGS: its own budget, so its own folder, and not part of `all`) runs
 β = 0 until it passes 12 nats at three learning rates, evaluated after every iteration; β = 0
 stopped at budgets of 1-6 nats; fixed β, the adaptive controller and the mechanism's arms (the
@@ -78,7 +81,8 @@ from machinery.precision import autocast
 from machinery.state import load_checkpoint
 from lab import overopt
 from lab.tables import (DEFAULT_CONDITION, beta_table, bestofk_cells, bestofk_curves, bestofk_table,
-                    overopt_tables, plot, ref_table, summarise, verifiable_columns)
+                        models_table, overopt_tables, plot, ref_table, summarise,
+                        verifiable_columns)
 
 PPO_LR = PPOConfig().ppo_lr
 # The frontier's β = 0 runs stop at the first rollout past FREE_KL nats (their last evaluation is
@@ -193,6 +197,13 @@ BASE_OF = {"rm1": ("rm_layers1", ["--rm_layers=1"]), "rm4": ("rm_layers4", ["--r
            "pairs3000": ("pairs3000", ["--n_pairs=3000"]), "model2": ("model2", ["--seed=4242"]),
            "model3": ("model3", ["--seed=5151"])}
 BASES = {f"{arm}_{b}": BASE_OF[b] for arm in ("long_adaptive", "free") for b in BASE_OF}
+# The headline claims on the two other pretrained models, at the main run's budget: no reference
+# (hacking) and the β hill, each beside the default penalty on the same model (the models suite).
+MODELS = ("model2", "model3")
+MODEL_CONDITIONS = ("no_kl", "beta_0.001", "fixed_0.005", "beta_0.01", "beta_0.03", "fixed_0.05",
+                    "beta_0.1", "beta_0.3", "beta_1", "adaptive")
+CONDITIONS.update({f"{c}_{m}": CONDITIONS[c] for m in MODELS for c in MODEL_CONDITIONS})
+BASES.update({f"{c}_{m}": BASE_OF[m] for m in MODELS for c in MODEL_CONDITIONS})
 SAME_AS = {"est_k1": "adaptive", "est_k1_reward": "adaptive", "est_k3_reward": "est_k3",
            "ref_full": "adaptive", "drift": "fixed_0.005"}
 CORE = ["no_kl", "rolling_ref", "fixed_0.005", "fixed_0.05", "fixed_0.5", "adaptive", "band",
@@ -216,11 +227,12 @@ SUITES = {
                 "long_adaptive", *(f"long_{b}" for b in LONG_BETAS), "long_seq_0.1",
                 "long_seq_0.1_lam1", "long_0.1_lam1", "free_lam1", "long_rloo_0.1", "free_rloo",
                 *(f"{arm}_{b}" for b in BASE_OF for arm in ("long_adaptive", "free"))],
+    # The main model's conditions first, then each other model's.
+    "models": [*MODEL_CONDITIONS, *(f"{c}_{m}" for m in MODELS for c in MODEL_CONDITIONS)],
 }
 # A suite's own budget, before the user's flags: overopt evaluates on 200 held-out samples after
-# every iteration (its penalised runs every PENALISED_EVERY), at 5 seeds.
+# every iteration (its penalised runs every PENALISED_EVERY).
 SUITE_FLAGS = {"overopt": [f"--ppo_iters={LONG_ITERS}", "--eval_every=1", "--eval_n=200"]}
-SUITE_SEEDS = {"overopt": 5}
 # A suite with its own budget (SUITE_FLAGS) is not part of `all`.
 SUITES["all"] = list(dict.fromkeys(c for name, suite in SUITES.items() for c in suite
                                    if name not in SUITE_FLAGS))
@@ -235,7 +247,7 @@ def parse(argv):
     if "--help" in argv or "-h" in argv:
         print(__doc__)
         sys.exit(0)
-    opts = dict(quick=False, seeds=3, conditions="", suite="core", jobs=2, subdir="ablate",
+    opts = dict(quick=False, seeds=5, conditions="", suite="core", jobs=2, subdir="ablate",
                 kept=KEPT_DIR)
     check_once(argv)
     user = []
@@ -250,9 +262,6 @@ def parse(argv):
             user.append(a)
     if opts["suite"] not in SUITES:
         die(f"bad value for --suite: {opts['suite']!r} (choose {', '.join(SUITES)})")
-    # A suite's own seed count (SUITE_SEEDS) unless --seeds is given.
-    if opts["suite"] in SUITE_SEEDS and not any(a.startswith("--seeds=") for a in argv):
-        opts["seeds"] = SUITE_SEEDS[opts["suite"]]
     opts["user_conditions"] = bool(opts["conditions"])
     opts["conditions"] = opts["conditions"] or ",".join(SUITES[opts["suite"]])
     conds = opts["conditions"].split(",")
@@ -795,6 +804,13 @@ def ablate(opts, rest):
         columns = dict(zip(("columns", "paired"), verifiable_columns(max(ks)))) if gold else {}
         # Pairs by seed are made within the main base: a BASES condition has its own models.
         table = summarise(rows, [c for c in order if c not in BASES], base=against, **columns)
+        # The models suite's conditions on the other pretrained models, each model's own
+        # pretrained model scored as the main one is.
+        models = [m for m in MODELS if any(f"{c}_{m}" in order for c in MODEL_CONDITIONS)]
+        for m in models:
+            rows.append(dict(baseline_row(cfg, os.path.join(adir, "bases", BASE_OF[m][0]), seed0),
+                             condition=f"pretrained_{m}"))
+        table += models_table(rows, [c for c in MODEL_CONDITIONS if c in order], ["main"] + models)
         if gold:
             heading = ("\nBest of k (expected best gold among k samples per prompt), pass@k "
                        f"(gold > {cfg.eval.pass_gold}) and hard@k (pass@k at gold > "

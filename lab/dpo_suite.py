@@ -2,7 +2,8 @@
 replaced by zeros, over several seeds, each evaluated on held-out prompts as it trains, on one
 gold-KL frontier with PPO (adaptive and fixed β) and best-of-n by the proxy.
 
-    python -m lab.dpo_suite                  # 5 seeds x 14 arms -> out/dpo_suite/
+    python -m lab.dpo_suite                  # 5 seeds x 14 arms, and 3 of them on two more
+                                             # pretrained models -> out/dpo_suite/
                                              # (dpo.md, dpo.json, frontier.png, examples.md)
     python -m lab.dpo_suite --quick          # one seed, short runs -> out/dpo_suite_quick/
     python -m lab.dpo_suite --arms=dpo_0.1,noref_0.1 --seeds=2 --dpo_epochs=2
@@ -10,6 +11,7 @@ gold-KL frontier with PPO (adaptive and fixed β) and best-of-n by the proxy.
     python -m lab.dpo_suite --jobs=1         # one run at a time, in this process
                                              # (default: 2 processes, 1 thread each)
     python -m lab.dpo_suite --bon=12x256     # best-of-n's pool: prompts x samples (the default)
+    python -m lab.dpo_suite --models=        # the main pretrained model only
 
 The pretrained model, frozen reference, reward model and prefs.jsonl are --out_dir's (built by
 train.py's stages when missing), so only the method differs between arms. Run k has --seed + k:
@@ -24,7 +26,12 @@ Each run folder's run.json, written last, records config, inputs, code and outpu
 stages.json does); a run whose record matches is reused, a killed one resumes from its
 dpo_state.pt (ppo_state.pt), so an interrupted suite goes on where it stopped.
 Tables: the mean over seeds with a Student-t 95 % interval (tables.t_ci, n = the seeds listed).
-Left out: a second pretrained model, DPO past one epoch by default, a β search for IPO.
+--models (default model2,model3: ablate.BASE_OF's, world, pretraining, preferences and reward
+model reseeded, made under out/dpo_suite/bases/) runs the arms of README's claim (MODEL_ARMS: DPO
+and DPO without the reference at β = 0.1, PPO's default) on other pretrained models as well, and
+tables.models_table reads the claim with the model as the unit (each against PPO, and without the
+reference against with it); the curves and best-of-n are the main model's.
+Left out: DPO past one epoch by default, a β search for IPO.
 """
 # Ctrl-C while the imports below load torch (seconds) is one line and exit 130.
 if __name__ == "__main__":
@@ -41,7 +48,7 @@ from machinery.errors import RunError, die, run_main
 from machinery.evaluate import during_ppo
 from machinery.state import load_checkpoint
 from lab import ablate, overopt
-from lab.tables import bestofk_cells, t_cell
+from lab.tables import bestofk_cells, models_table, t_cell
 
 BETAS = ("0.05", "0.1", "0.3", "1", "5")
 TAUS = ("0.1", "1")
@@ -51,6 +58,8 @@ ARMS = {**{f"dpo_{b}": [f"--dpo_beta={b}"] for b in BETAS},
         **{f"noref_{b}": ["--dpo_reference=none", f"--dpo_beta={b}"] for b in BETAS}}
 # PPO's arms: ablate.py's conditions of the same names.
 PPO_ARMS = {"ppo_adaptive": "adaptive", "ppo_fixed_0.05": "fixed_0.05"}
+# The arms that also run on the other pretrained models (--models).
+MODEL_ARMS = ("dpo_0.1", "noref_0.1", "ppo_adaptive")
 # One epoch of the default 10,800 training pairs is 338 steps: 12 evaluations; PPO's 60
 # iterations: 10.
 SUITE_FLAGS = ["--dpo_eval_every=28", "--eval_every=6"]
@@ -67,7 +76,7 @@ def parse(argv):
         sys.exit(0)
     check_once(argv)
     opts = dict(quick=False, seeds=5, arms=",".join(list(ARMS) + list(PPO_ARMS)), jobs=2,
-                bon="12x256")
+                bon="12x256", models=",".join(ablate.MODELS))
     user = []
     for a in argv:
         name, _, value = a[2:].partition("=")
@@ -85,6 +94,13 @@ def parse(argv):
         die(f"unknown arm {unknown[0]!r} (choose {', '.join(list(ARMS) + list(PPO_ARMS))})")
     if len(set(arms)) < len(arms):
         die(f"--arms names {max(arms, key=arms.count)!r} twice")
+    models = [m for m in opts["models"].split(",") if m]
+    unknown = [m for m in models if m not in ablate.MODELS]
+    if unknown:
+        die(f"unknown model {unknown[0]!r} in --models (choose {', '.join(ablate.MODELS)})")
+    if len(set(models)) < len(models):
+        die(f"--models names {max(models, key=models.count)!r} twice")
+    opts["models"] = models
     if opts["seeds"] < 1 or opts["jobs"] < 1:
         die(f"--seeds and --jobs must be >= 1 (got {opts['seeds']} and {opts['jobs']})")
     prompts, _, per = opts["bon"].partition("x")
@@ -94,6 +110,9 @@ def parse(argv):
     if opts["quick"]:
         opts["seeds"] = 1
         opts["bon"] = (4, 32)
+        # The main model only, unless --models names others.
+        if not any(a.startswith("--models=") for a in argv):
+            opts["models"] = []
     rest = override(override(SUITE_FLAGS, QUICK if opts["quick"] else []), user)
     # Each arm's flags fail here, before any work.
     for a in arms:
@@ -216,6 +235,23 @@ def tables(rows, trajs, order, bon):
     return "\n".join(md) + "\n"
 
 
+def models_tables(rows, order, models):
+    """With --models: DPO with and without the reference against PPO's default on each pretrained
+    model, and without the reference against with it at the same β (tables.models_table: each
+    model's mean over seeds the unit); empty without other models."""
+    ppo = next((a for a in order if a == "ppo_adaptive"), None)
+    md = ""
+    for arm in (a for a in order if a.startswith("dpo_")):
+        noref = "noref_" + arm[len("dpo_"):]
+        acc = (("acc_gold", ".3f", "implicit reward's accuracy (gold)"),)
+        if ppo:
+            md += models_table(rows, [a for a in (ppo, arm, noref) if a in order],
+                               ["main"] + models, base=ppo, extra=acc)
+        if noref in order:
+            md += models_table(rows, [arm, noref], ["main"] + models, base=arm, extra=acc)
+    return md
+
+
 def plot(trajs, order, bon, starts, png):
     """frontier.png: gold against exact KL to the reference, the mean over seeds of each arm's
     evaluations (up to the shortest run), and best-of-n; skipped without matplotlib."""
@@ -282,15 +318,29 @@ def suite(opts, rest):
         order = opts["arms"].split(",")
         seed0 = cfg.run.seed
         threads = 1 if opts["jobs"] > 1 else 0
-        jobs = [(a, seed0 + k, rest, base, os.path.join(adir, a, f"seed{seed0 + k}"), threads)
-                for a in order for k in range(opts["seeds"])]
+        # The other pretrained models' bases (train.py's stages, reseeded) and run folders.
+        bases = {"main": (base, adir)}
+        for m in opts["models"]:
+            name, flags = ablate.BASE_OF[m]
+            bases[m] = (os.path.join(adir, "bases", name), os.path.join(adir, m))
+            ablate.make_base(rest, base, bases[m][0], flags)
+        # Every arm on the main model, MODEL_ARMS' on the others. A row's condition: its arm,
+        # with the model's name after it on another model.
+        jobs, names = [], []
+        for m, (b, folder) in bases.items():
+            for a in (a for a in order if m == "main" or a in MODEL_ARMS):
+                for k in range(opts["seeds"]):
+                    jobs.append((a, seed0 + k, rest, b, os.path.join(folder, a, f"seed{seed0 + k}"),
+                                 threads))
+                    names.append(a if m == "main" else f"{a}_{m}")
         print(f"dpo_suite: {len(jobs)} runs ({opts['jobs']} at a time) into {adir}", flush=True)
         rows, pool = [], None
         if opts["jobs"] > 1:
             context = multiprocessing.get_context("spawn")
             pool = context.Pool(opts["jobs"], ablate._worker_init, (os.getpid(),))
         try:
-            for row in (pool.imap(one_run, jobs) if pool else map(one_run, jobs)):
+            for name, row in zip(names, pool.imap(one_run, jobs) if pool else map(one_run, jobs)):
+                row["condition"] = name
                 rows.append(row)
                 print(f"  {row['condition']:16s} seed {row['seed']}: gold {row['gold_mean']:+.2f} "
                       f"kl {row['kl']:.2f} len {row['response_length']:.1f} "
@@ -321,7 +371,8 @@ def suite(opts, rest):
         bon = overopt.bon_curve(ablate.bon_pool(cfg, base, prompts, per), ns)
         md = (f"# python -m lab.dpo_suite {' '.join(sys.argv[1:])}\n\n{len(jobs)} runs; the mean "
               f"over seeds [Student-t 95 % interval, n = {opts['seeds']}]; held-out prompts.\n\n"
-              + tables(rows, trajs, order, bon) + "\n" + made[1] + "\n")
+              + tables(rows, trajs, order, bon) + models_tables(rows, order, opts["models"])
+              + "\n" + made[1] + "\n")
         store.write_text(os.path.join(adir, "dpo.md"), md)
         store.save_json(os.path.join(adir, "results.jsonl"), rows, lines=True)
         store.save_json(os.path.join(adir, "dpo.json"), dict(rows=rows, trajectories={

@@ -193,6 +193,56 @@ def summarise(rows, order, base=DEFAULT_CONDITION, paired=("gold_mean", "kl", "p
     return "\n".join(lines) + "\n"
 
 
+def models_table(rows, conds, models, base=DEFAULT_CONDITION, extra=()):
+    """Markdown: each condition in conds on every pretrained model in models ("main" the main
+    run's; another model m's rows are named COND_m, its pretrained row pretrained_m): gold, KL,
+    well-formed rate and the `extra` (column, format, heading) as each model's mean over its seeds
+    ('-' where a condition's rows lack the column), and the gold paired against `base` on the same
+    model. Then the claim with the model as the unit: the models' mean differences, their Student-t
+    95 % interval (n the models), and the standard deviation between the models' means beside the
+    mean standard deviation between seeds within a model. Empty below 2 models."""
+    def name(c, m):
+        return c if m == "main" else f"{c}_{m}"
+
+    def values(c, m, col):
+        return [r[col] for r in rows if r["condition"] == name(c, m) and r.get(col) is not None]
+    models = [m for m in models if values(base, m, "gold_mean")]
+    if len(models) < 2:
+        return ""
+    columns = (("gold_mean", "+.2f", "gold"), ("kl", ".1f", "KL"),
+               ("wellformed_rate", ".2f", "well-formed"), *extra)
+    lines = [f"\nThe same conditions on {len(models)} pretrained models ({', '.join(models)}; "
+             "world, pretraining, preferences and reward model reseeded). Per model the mean over "
+             "its seeds, shown as " + " / ".join(models) + f"; Δ gold against {base} paired by "
+             "seed on each model, then over the models with each model's mean difference as the "
+             f"unit (Student-t 95 %, n {len(models)} models); SD: between the models' mean "
+             "differences / between seeds within a model:\n",
+             "| condition | seeds | " + " | ".join(h for _, _, h in columns)
+             + " | Δ gold per model | Δ gold over models | SD between / within |",
+             "|---" * (len(columns) + 5) + "|"]
+    for c in ["pretrained"] + [c for c in conds if c != "pretrained"]:
+        if not all(values(c, m, "gold_mean") for m in models):
+            continue
+        cells = [" / ".join(f"{np.mean(values(c, m, col)):{fmt}}" if values(c, m, col) else "-"
+                            for m in models) for col, fmt, _ in columns]
+        seeds = " / ".join(str(len(values(c, m, "gold_mean"))) for m in models)
+        diffs = {}
+        for m in models:
+            a, b = ({r["seed"]: r["gold_mean"] for r in rows if r["condition"] == name(x, m)}
+                    for x in (c, base))
+            diffs[m] = [a[s] - b[s] for s in sorted(set(a) & set(b))]
+        over = between = "-"
+        if c not in ("pretrained", base) and all(len(d) >= 2 for d in diffs.values()):
+            means = [float(np.mean(d)) for d in diffs.values()]
+            over = verdict(t_ci(means) + (len(means),))
+            within = np.mean([np.std(d, ddof=1) for d in diffs.values()])
+            between = f"{np.std(means, ddof=1):.2f} / {within:.2f}"
+        per = " / ".join(f"{np.mean(d):+.2f}" if d and c != base else "-" for d in diffs.values())
+        lines.append(f"| {c} | {seeds} | {' | '.join(cells)} | "
+                     f"{per if c != 'pretrained' else '-'} | {over} | {between} |")
+    return "\n".join(lines) + "\n"
+
+
 REF_COLUMNS = [("bytes held for the reference", lambda r: r["ref"]["bytes"] / 1e6, "{:.2f} MB"),
                ("trainable actor state", lambda r: r["ref"]["trainable_bytes"] / 1e6, "{:.2f} MB"),
                ("KL to full ref, step 0", lambda r: r["ref"]["kl_step0"], "{:.1e}"),

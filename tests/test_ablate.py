@@ -1,6 +1,6 @@
 """A tiny ablation: every condition runs and reports finite numbers; finished runs are reused; bad options and
 Ctrl-C are one line, and Ctrl-C leaves no worker behind."""
-import json, math, os, shutil, signal, subprocess, sys, time
+import json, math, os, re, shutil, signal, subprocess, sys, time
 import numpy as np
 import pytest
 import train
@@ -95,8 +95,13 @@ def test_suites_name_known_conditions_and_all_is_their_union():
     plain = [s for s in ablate.SUITES if s != "all" and s not in ablate.SUITE_FLAGS]
     assert set(ablate.SUITES["all"]) == set().union(*(ablate.SUITES[s] for s in plain))
     assert "overopt" in ablate.SUITE_FLAGS and not set(ablate.SUITES["overopt"]) <= set(ablate.SUITES["all"])
-    for c, (name, flags) in ablate.BASES.items():
-        assert c in ablate.SUITES["overopt"] and name and train.parse(flags + ablate.CONDITIONS[c])
+    for c, (name, flags) in ablate.BASES.items():                    # another base: overopt's or models'
+        in_suite = c in ablate.SUITES["overopt"] or c in ablate.SUITES["models"]
+        assert in_suite and name and train.parse(flags + ablate.CONDITIONS[c])
+    for c in ablate.SUITES["models"]:                                    # each model's condition is the main one's
+        main = next(m for m in ablate.MODEL_CONDITIONS if c in (m, *(f"{m}_{b}" for b in ablate.MODELS)))
+        assert ablate.CONDITIONS[c] == ablate.CONDITIONS[main]
+        assert (c == main) == (c not in ablate.BASES)
     for c, twin in ablate.SAME_AS.items():                              # twins have the very same config
         assert flat(train.parse(ablate.CONDITIONS[c])) == flat(train.parse(ablate.CONDITIONS[twin])), c
     opts, rest = ablate.parse(["--suite=all", "--preset=smoke", "--n_layer=3"])   # every flag parses (shared_2: 3+)
@@ -124,6 +129,53 @@ def test_paired_differences_and_not_separated():
     a, b = tables.paired_ci(rows, "a", "adaptive", "gold_mean"), tables.paired_ci(rows, "b", "adaptive", "gold_mean")
     assert a == (0.5, 0.5, 0.5, 3) and "not separated" not in tables.verdict(a)
     assert b[0] == 0.0 and b[1] < 0 < b[2] and b[3] == 3 and tables.verdict(b).endswith("not separated")
+
+
+def test_the_models_table_takes_each_models_mean_as_the_unit():
+    """Each model's paired difference against adaptive, then over the models: the numbers by hand."""
+    gold = {("adaptive", "main"): [1.0, 2.0], ("no_kl", "main"): [-1.0, 0.0],       # -2, -2: mean -2
+            ("adaptive", "model2"): [2.0, 2.0], ("no_kl", "model2"): [1.0, 2.0],    # -1, 0: mean -0.5
+            ("pretrained", "main"): [0.5], ("pretrained", "model2"): [0.25]}
+    rows = [dict(condition=c if m == "main" else f"{c}_{m}", seed=1337 + i, gold_mean=g, kl=2.0 * g,
+                 wellformed_rate=0.5) for (c, m), gs in gold.items() for i, g in enumerate(gs)]
+    md = tables.models_table(rows, ["no_kl", "adaptive"], ["main", "model2", "model3"])   # model3 never ran
+    line = next(x for x in md.splitlines() if x.startswith("| no_kl |"))
+    # Over 2 models: mean -1.25, s = 1.5/√2, t(0.975, 1) = 12.7062: half = 12.7062 · 0.75 = 9.5297.
+    assert "| 2 / 2 | -0.50 / +1.50 | -1.0 / 3.0 | 0.50 / 0.50 | -2.00 / -0.50 |" in line
+    assert "-1.250 [-10.780, +8.280] not separated" in line
+    # Between the models' means: s = 1.0607; within: (0 + 0.7071) / 2 = 0.3536.
+    assert line.endswith("| 1.06 / 0.35 |")
+    assert md.count("| pretrained | 1 / 1 | +0.50 / +0.25 |") == 1 and "(main, model2;" in md
+    assert tables.models_table(rows, ["no_kl"], ["main"]) == ""            # one model: no such table
+    for r in rows:                                                         # a column only some rows have
+        if r["condition"] == "no_kl_model2":
+            r["acc"] = 0.25 + (r["seed"] - 1337) / 2
+    md = tables.models_table(rows, ["no_kl"], ["main", "model2"], extra=(("acc", ".3f", "accuracy"),))
+    assert "| well-formed | accuracy | Δ gold per model |" in md
+    assert "| 0.50 / 0.50 | - / 0.500 | -2.00 / -0.50 |" in md
+
+
+def test_the_models_suite_runs_each_condition_on_another_pretrained_model(run):
+    """Through ablate.py on the smoke run: no_kl and adaptive on the main model and on model2 (its own base,
+    reseeded), each model's pretrained model scored, and the models table beside the main table."""
+    ablate.main(["--preset=smoke", f"--out_dir={run}", "--ppo_iters=1", "--n_eval=8", "--bestofk_n=4", "--jobs=1",
+                 "--seeds=2", "--subdir=models_t", "--conditions=no_kl,adaptive,no_kl_model2,adaptive_model2"])
+    adir = os.path.join(run, "models_t")
+    base2 = os.path.join(adir, "bases", "model2")
+    assert records_of(base2)["pretrain"]["config"]["seed"] == 4242              # world and pretraining reseeded
+    rows = store.load_json(os.path.join(adir, "results.jsonl"), lines=True)
+    assert {(r["condition"], r["seed"]) for r in rows} >= {("adaptive_model2", 1338), ("no_kl", 1337)}
+    made = store.load_json(os.path.join(adir, "adaptive_model2", "seed1337", "run.json"))
+    assert made["inputs"]["pretrain.pt"] == records_of(base2)["pretrain"]["outputs"]["pretrain.pt"]
+    assert made["inputs"]["pretrain.pt"] != records_of(run)["pretrain"]["outputs"]["pretrain.pt"]
+    md = open(os.path.join(adir, "results.md")).read()
+    assert "The same conditions on 2 pretrained models (main, model2;" in md
+    assert re.search(r"\| no_kl \| 2 / 2 \| \S+ / \S+ \|", md) and "| pretrained | 1 / 1 |" in md
+    assert "| no_kl_model2 |" not in md.split("The same conditions")[0]        # the main table: the main model
+
+
+def records_of(folder):
+    return store.load_json(os.path.join(folder, "stages.json"))
 
 
 def test_the_cheap_reference_table(run):

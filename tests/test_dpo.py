@@ -246,12 +246,13 @@ def test_a_fraction_of_an_epoch_is_allowed_and_the_split_is_the_reward_model_s(r
 def test_the_suite_draws_each_arm_s_curve_from_the_start_and_reuses_finished_runs(run, tmp_path):
     """lab.dpo_suite on a copy of the smoke run: a DPO, a no-reference and a PPO arm over 2 seeds, each
     trajectory starting at the pretrained model (KL 0) and ending at the run's last evaluation; the tables name
-    every arm with a Student-t interval; the same command again reuses every run."""
+    every arm with a Student-t interval; --models runs them on a reseeded pretrained model too, read with the model
+    as the unit; the same command again reuses every run."""
     from lab import dpo_suite
     out = copy_run(run, tmp_path)
     argv = SMOKE + [f"--out_dir={out}", "--arms=dpo_0.1,noref_0.1,ppo_adaptive", "--seeds=2", "--jobs=1",
                     "--dpo_epochs=0.2", "--ppo_iters=2", "--dpo_eval_every=2", "--eval_every=1", "--eval_n=8", "--n_eval=8",
-                    "--bon=2x4"]
+                    "--bon=2x4", "--models=model2"]
     dpo_suite.main(argv)
     adir = os.path.join(out, "dpo_suite")
     result = store.load_json(os.path.join(adir, "dpo.json"))
@@ -266,14 +267,25 @@ def test_the_suite_draws_each_arm_s_curve_from_the_start_and_reuses_finished_run
     md = open(os.path.join(adir, "dpo.md")).read()
     assert "Student-t 95 % interval, n = 2" in md
     assert all(f"| {arm} | 2 |" in md for arm in ("dpo_0.1", "noref_0.1", "ppo_adaptive"))
+    # On model2: its own base (world and pretraining reseeded), its runs named after it, and the models tables.
+    on2 = store.load_json(os.path.join(adir, "model2", "dpo_0.1", "seed1338", "run.json"))["inputs"]
+    main = store.load_json(os.path.join(adir, "dpo_0.1", "seed1338", "run.json"))["inputs"]
+    assert on2["pretrain.pt"] != main["pretrain.pt"] and on2["prefs.jsonl"] != main["prefs.jsonl"]
+    names = {r["condition"] for r in store.load_json(os.path.join(adir, "results.jsonl"), lines=True)}
+    assert names == {f"{a}{m}" for a in ("dpo_0.1", "noref_0.1", "ppo_adaptive") for m in ("", "_model2")}
+    assert "| dpo_0.1 |" in md.split("2 pretrained models (main, model2;")[1]
+    assert md.count("2 pretrained models (main, model2;") == 2          # against PPO; without against with
+    assert "Δ gold against ppo_adaptive" in md and "Δ gold against dpo_0.1" in md
     record = os.path.join(adir, "dpo_0.1", "seed1337", "run.json")
     made = os.path.getmtime(record)
     dpo_suite.main(argv)
     assert os.path.getmtime(record) == made
+    assert open(os.path.join(adir, "dpo.md")).read().split("\nMade by")[0] == md.split("\nMade by")[0]
 
 
 @pytest.mark.parametrize("flag, why", [("--arms=dpo_7", "unknown arm"), ("--arms=dpo_0.1,dpo_0.1", "twice"),
-                                       ("--dpo_eval_every=0", "must be > 0"), ("--seeds=0", ">= 1")])
+                                       ("--dpo_eval_every=0", "must be > 0"), ("--seeds=0", ">= 1"),
+                                       ("--models=model9", "unknown model"), ("--models=model2,model2", "twice")])
 def test_the_suite_refuses_bad_flags_before_any_work(tmp_path, capsys, flag, why):
     from lab import dpo_suite
     with pytest.raises(SystemExit) as e:
