@@ -710,7 +710,7 @@ def made_by(started, rows, jobs, threads, device):
             + f" The runs' own times sum to {provenance.duration(made['runs_seconds'])}, {jobs} "
             "at a time.")
     # Kept runs (lab/runs) were made by an earlier command: on which machine, at which commit.
-    runs = [r for r in rows if r["condition"] != "pretrained"]
+    runs = [r for r in rows if not r["condition"].startswith("pretrained")]
     kept = {}
     for r in runs:
         if r.get("kept"):
@@ -794,28 +794,30 @@ def ablate(opts, rest):
         named = [dict(r, condition=c) for c in order for r in rows[1:]
                  if r["condition"] == folder(c)]
         rows = rows[:1] + named
+        # The models suite's other pretrained models, each scored as the main one is.
+        models = [m for m in MODELS if any(f"{c}_{m}" in order for c in MODEL_CONDITIONS)]
+        for m in models:
+            rows.append(dict(baseline_row(cfg, os.path.join(adir, "bases", BASE_OF[m][0]), seed0),
+                             condition=f"pretrained_{m}"))
         store.save_json(os.path.join(adir, "results.jsonl"), rows, lines=True)
         order = ["pretrained"] + order
+        # The main base's conditions: a BASES condition has its own models, so its own tables.
+        main = [c for c in order if c not in BASES]
         # Best-of-k, entropy and cost columns.
         gold = any(c in SUITES["verifiable"] for c in order)
         # k = 1, 2, 4, ... up to --bestofk_n.
         ks = [int(c[5:]) for c in rows[0] if c.startswith("best_")]
         against = "gold_adaptive" if "gold_adaptive" in order else DEFAULT_CONDITION
         columns = dict(zip(("columns", "paired"), verifiable_columns(max(ks)))) if gold else {}
-        # Pairs by seed are made within the main base: a BASES condition has its own models.
-        table = summarise(rows, [c for c in order if c not in BASES], base=against, **columns)
-        # The models suite's conditions on the other pretrained models, each model's own
-        # pretrained model scored as the main one is.
-        models = [m for m in MODELS if any(f"{c}_{m}" in order for c in MODEL_CONDITIONS)]
-        for m in models:
-            rows.append(dict(baseline_row(cfg, os.path.join(adir, "bases", BASE_OF[m][0]), seed0),
-                             condition=f"pretrained_{m}"))
+        # Pairs by seed are made within the main base.
+        table = summarise(rows, main, base=against, **columns)
+        # The models suite's conditions on each pretrained model, the model as the unit.
         table += models_table(rows, [c for c in MODEL_CONDITIONS if c in order], ["main"] + models)
         if gold:
             heading = ("\nBest of k (expected best gold among k samples per prompt), pass@k "
                        f"(gold > {cfg.eval.pass_gold}) and hard@k (pass@k at gold > "
                        f"{cfg.eval.pass_gold_hard}, the same samples), mean over seeds:\n\n")
-            table += heading + bestofk_table(rows, order)
+            table += heading + bestofk_table(rows, main)
 
         def run_dir(cond, seed):
             return os.path.join(adir, folder(cond), f"seed{seed}")
@@ -833,7 +835,7 @@ def ablate(opts, rest):
         if cheap:
             ref_report = (f"# ablate.py {' '.join(sys.argv[1:])}\n\nMaking the reference cheap; "
                           "mean [Student-t 95 % interval] over seeds; held-out prompts.\n\n"
-                          f"{ref_table(rows, order)}\n{stamp_line[1]}\n")
+                          f"{ref_table(rows, main)}\n{stamp_line[1]}\n")
         results = report + ("\n" + ref_report if cheap else "")
         store.write_text(os.path.join(adir, "results.md"), results)
         # A suite's tables survive the next command.
@@ -851,14 +853,13 @@ def ablate(opts, rest):
                                                    run_dir, pool, stamp_line)
             if not opts["user_conditions"]:
                 store.write_text(os.path.join(adir, "results_overopt.md"), report)
-        plot(rows, adir, order, run_dir)
+        plot(rows, adir, main, run_dir)
         # The pretrained model against each actor.
         if gold:
-            curves = bestofk_curves(rows, order, cfg.eval.pass_gold, cfg.eval.pass_gold_hard, ks)
+            curves = bestofk_curves(rows, main, cfg.eval.pass_gold, cfg.eval.pass_gold_hard, ks)
             plot_bestofk(curves, os.path.join(adir, "bestofk.png"))
-        # The main base's conditions: another base has its own world and tokenizer.
-        write_examples(cfg, base, adir, [c for c in order if c not in BASES], seed0,
-                       stamp_line[1])
+        # Another base has its own world and tokenizer.
+        write_examples(cfg, base, adir, main, seed0, stamp_line[1])
         print(table)
 
 

@@ -241,7 +241,7 @@ def models_tables(rows, order, models):
     model's mean over seeds the unit); empty without other models."""
     ppo = next((a for a in order if a == "ppo_adaptive"), None)
     md = ""
-    for arm in (a for a in order if a.startswith("dpo_")):
+    for arm in (a for a in order if a.startswith("dpo_") and a in MODEL_ARMS):
         noref = "noref_" + arm[len("dpo_"):]
         acc = (("acc_gold", ".3f", "implicit reward's accuracy (gold)"),)
         if ppo:
@@ -320,7 +320,8 @@ def suite(opts, rest):
         threads = 1 if opts["jobs"] > 1 else 0
         # The other pretrained models' bases (train.py's stages, reseeded) and run folders.
         bases = {"main": (base, adir)}
-        for m in opts["models"]:
+        # Only where an arm runs there (MODEL_ARMS).
+        for m in (m for m in opts["models"] if set(order) & set(MODEL_ARMS)):
             name, flags = ablate.BASE_OF[m]
             bases[m] = (os.path.join(adir, "bases", name), os.path.join(adir, m))
             ablate.make_base(rest, base, bases[m][0], flags)

@@ -9,8 +9,9 @@ interval a new seed's number falls in (lab/seeds.py); `welch_ci` the unpaired di
 conditions run on different reward models (their seeds are not paired). `bootstrap_ci`, the
 percentile bootstrap the tables used before, is kept to measure its coverage (about 76 % at 3
 seeds for a nominal 95 %).
-`summarise` (results.md), `ref_table` (the cheap-reference table), `beta_table` (β over the run)
-and `plot` (scores.png, frontier.png, beta.png) read ablate.py's rows (one per condition and seed,
+`summarise` (results.md), `models_table` (the same conditions on several pretrained models, the
+model as the unit), `ref_table` (the cheap-reference table), `beta_table` (β over the run) and
+`plot` (scores.png, frontier.png, beta.png) read ablate.py's rows (one per condition and seed,
 results.jsonl) and, for the curves, each run's metrics.jsonl in the folder `run_dir(condition,
 seed)` ablate.py names.
 Left out: corrections for many comparisons, intervals for the curves.
@@ -199,8 +200,9 @@ def models_table(rows, conds, models, base=DEFAULT_CONDITION, extra=()):
     well-formed rate and the `extra` (column, format, heading) as each model's mean over its seeds
     ('-' where a condition's rows lack the column), and the gold paired against `base` on the same
     model. Then the claim with the model as the unit: the models' mean differences, their Student-t
-    95 % interval (n the models), and the standard deviation between the models' means beside the
-    mean standard deviation between seeds within a model. Empty below 2 models."""
+    95 % interval (n the models), and the standard deviation between the models' means beside what
+    seeds alone would give it (the standard error of a model's mean: the within-model standard
+    deviation over √n, averaged over the models). Empty below 2 models."""
     def name(c, m):
         return c if m == "main" else f"{c}_{m}"
 
@@ -215,10 +217,11 @@ def models_table(rows, conds, models, base=DEFAULT_CONDITION, extra=()):
              "world, pretraining, preferences and reward model reseeded). Per model the mean over "
              "its seeds, shown as " + " / ".join(models) + f"; Δ gold against {base} paired by "
              "seed on each model, then over the models with each model's mean difference as the "
-             f"unit (Student-t 95 %, n {len(models)} models); SD: between the models' mean "
-             "differences / between seeds within a model:\n",
+             f"unit (Student-t 95 %, n {len(models)} models); spread: the standard deviation "
+             "between the models' mean differences / the standard error seeds alone give a "
+             "model's mean (within-model SD / √n):\n",
              "| condition | seeds | " + " | ".join(h for _, _, h in columns)
-             + " | Δ gold per model | Δ gold over models | SD between / within |",
+             + " | Δ gold per model | Δ gold over models | spread: models / seeds |",
              "|---" * (len(columns) + 5) + "|"]
     for c in ["pretrained"] + [c for c in conds if c != "pretrained"]:
         if not all(values(c, m, "gold_mean") for m in models):
@@ -235,8 +238,8 @@ def models_table(rows, conds, models, base=DEFAULT_CONDITION, extra=()):
         if c not in ("pretrained", base) and all(len(d) >= 2 for d in diffs.values()):
             means = [float(np.mean(d)) for d in diffs.values()]
             over = verdict(t_ci(means) + (len(means),))
-            within = np.mean([np.std(d, ddof=1) for d in diffs.values()])
-            between = f"{np.std(means, ddof=1):.2f} / {within:.2f}"
+            se = np.mean([np.std(d, ddof=1) / math.sqrt(len(d)) for d in diffs.values()])
+            between = f"{np.std(means, ddof=1):.2f} / {se:.2f}"
         per = " / ".join(f"{np.mean(d):+.2f}" if d and c != base else "-" for d in diffs.values())
         lines.append(f"| {c} | {seeds} | {' | '.join(cells)} | "
                      f"{per if c != 'pretrained' else '-'} | {over} | {between} |")
@@ -590,23 +593,28 @@ def bought_section(trajs, pairs, res):
 
 def models_section(res, models):
     """The key pair's difference (penalty − frontier) with the pretrained model as the unit: each
-    model's mean over its seeds, then the mean over models with its t interval (n the models) and
-    the standard deviation between the models' means beside the seeds' within a model."""
+    model's mean over its seeds, then the mean over models with its t interval (n the models), and
+    the standard deviation between the models' means beside the standard error seeds alone give a
+    model's mean (the within-model standard deviation over √n, averaged over the models)."""
     per = {m: res["pairs"][k]["d_frontier"] for m, k in models.items() if k in res["pairs"]}
     if len(per) < 2:
         return []
     means = [float(np.mean(v)) for v in per.values()]
     within = float(np.mean([np.std(v, ddof=1) for v in per.values() if len(v) > 1]))
+    se = float(np.mean([np.std(v, ddof=1) / math.sqrt(len(v)) for v in per.values()
+                        if len(v) > 1]))
     mean, lo, hi = t_ci(means)
     res["models"] = dict(per_model=per, means=means, between_sd=float(np.std(means, ddof=1)),
-                         within_sd=within, ci=(mean, lo, hi, len(means)))
+                         within_sd=within, within_se=se, ci=(mean, lo, hi, len(means)))
     return ["\n## The key pair over pretrained models\n",
             "Penalty − the β = 0 frontier at its KL, with each pretrained model (world, "
             "pretraining and reward model reseeded) as the unit: "
             + ", ".join(f"{m} {np.mean(v):+.3f} (n {len(v)} seeds)" for m, v in per.items())
             + f"; over models {verdict((mean, lo, hi, len(means)))} (Student-t, n "
             f"{len(means)} models); standard deviation between the models' means "
-            f"{np.std(means, ddof=1):.3f}, between seeds within a model {within:.3f}.\n"]
+            f"{np.std(means, ddof=1):.3f}, against {se:.3f}, the standard error seeds alone give "
+            f"a model's mean (between seeds within a model the standard deviation is "
+            f"{within:.3f}).\n"]
 
 
 def proxies_section(res, proxies):

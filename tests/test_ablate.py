@@ -98,10 +98,12 @@ def test_suites_name_known_conditions_and_all_is_their_union():
     for c, (name, flags) in ablate.BASES.items():                    # another base: overopt's or models'
         in_suite = c in ablate.SUITES["overopt"] or c in ablate.SUITES["models"]
         assert in_suite and name and train.parse(flags + ablate.CONDITIONS[c])
-    for c in ablate.SUITES["models"]:                                    # each model's condition is the main one's
-        main = next(m for m in ablate.MODEL_CONDITIONS if c in (m, *(f"{m}_{b}" for b in ablate.MODELS)))
-        assert ablate.CONDITIONS[c] == ablate.CONDITIONS[main]
-        assert (c == main) == (c not in ablate.BASES)
+    for m in ablate.MODELS:                              # a model's run: the main one's config but the base's seed
+        for c in ablate.MODEL_CONDITIONS:
+            there = flat(train.parse(ablate.base_flags(f"{c}_{m}") + ablate.CONDITIONS[f"{c}_{m}"]))
+            here = flat(train.parse(ablate.base_flags(c) + ablate.CONDITIONS[c]))
+            assert {k for k in here if here[k] != there[k]} == {"seed"} and there["seed"] != here["seed"]
+    assert set(ablate.MODEL_CONDITIONS) <= set(ablate.SUITES["models"]) and len(ablate.MODELS) == 2
     for c, twin in ablate.SAME_AS.items():                              # twins have the very same config
         assert flat(train.parse(ablate.CONDITIONS[c])) == flat(train.parse(ablate.CONDITIONS[twin])), c
     opts, rest = ablate.parse(["--suite=all", "--preset=smoke", "--n_layer=3"])   # every flag parses (shared_2: 3+)
@@ -143,8 +145,8 @@ def test_the_models_table_takes_each_models_mean_as_the_unit():
     # Over 2 models: mean -1.25, s = 1.5/√2, t(0.975, 1) = 12.7062: half = 12.7062 · 0.75 = 9.5297.
     assert "| 2 / 2 | -0.50 / +1.50 | -1.0 / 3.0 | 0.50 / 0.50 | -2.00 / -0.50 |" in line
     assert "-1.250 [-10.780, +8.280] not separated" in line
-    # Between the models' means: s = 1.0607; within: (0 + 0.7071) / 2 = 0.3536.
-    assert line.endswith("| 1.06 / 0.35 |")
+    # Between the models' means: s = 1.0607; seeds alone: (0/√2 + 0.7071/√2) / 2 = 0.25.
+    assert line.endswith("| 1.06 / 0.25 |")
     assert md.count("| pretrained | 1 / 1 | +0.50 / +0.25 |") == 1 and "(main, model2;" in md
     assert tables.models_table(rows, ["no_kl"], ["main"]) == ""            # one model: no such table
     for r in rows:                                                         # a column only some rows have
@@ -158,13 +160,15 @@ def test_the_models_table_takes_each_models_mean_as_the_unit():
 def test_the_models_suite_runs_each_condition_on_another_pretrained_model(run):
     """Through ablate.py on the smoke run: no_kl and adaptive on the main model and on model2 (its own base,
     reseeded), each model's pretrained model scored, and the models table beside the main table."""
-    ablate.main(["--preset=smoke", f"--out_dir={run}", "--ppo_iters=1", "--n_eval=8", "--bestofk_n=4", "--jobs=1",
-                 "--seeds=2", "--subdir=models_t", "--conditions=no_kl,adaptive,no_kl_model2,adaptive_model2"])
+    ablate.main(["--preset=smoke", f"--out_dir={run}", "--ppo_iters=1", "--rollout_batch=8", "--n_eval=8",
+                 "--bestofk_n=4", "--jobs=1", "--seeds=2", "--subdir=models_t",
+                 "--conditions=no_kl,adaptive,no_kl_model2,adaptive_model2"])
     adir = os.path.join(run, "models_t")
     base2 = os.path.join(adir, "bases", "model2")
     assert records_of(base2)["pretrain"]["config"]["seed"] == 4242              # world and pretraining reseeded
     rows = store.load_json(os.path.join(adir, "results.jsonl"), lines=True)
-    assert {(r["condition"], r["seed"]) for r in rows} >= {("adaptive_model2", 1338), ("no_kl", 1337)}
+    assert {(r["condition"], r["seed"]) for r in rows} >= {("adaptive_model2", 1338), ("no_kl", 1337),
+                                                           ("pretrained_model2", 1337)}
     made = store.load_json(os.path.join(adir, "adaptive_model2", "seed1337", "run.json"))
     assert made["inputs"]["pretrain.pt"] == records_of(base2)["pretrain"]["outputs"]["pretrain.pt"]
     assert made["inputs"]["pretrain.pt"] != records_of(run)["pretrain"]["outputs"]["pretrain.pt"]

@@ -250,7 +250,7 @@ def test_the_suite_draws_each_arm_s_curve_from_the_start_and_reuses_finished_run
     as the unit; the same command again reuses every run."""
     from lab import dpo_suite
     out = copy_run(run, tmp_path)
-    argv = SMOKE + [f"--out_dir={out}", "--arms=dpo_0.1,noref_0.1,ppo_adaptive", "--seeds=2", "--jobs=1",
+    argv = SMOKE + [f"--out_dir={out}", "--arms=dpo_0.1,noref_0.1,ppo_adaptive,dpo_1", "--seeds=2", "--jobs=1",
                     "--dpo_epochs=0.2", "--ppo_iters=2", "--dpo_eval_every=2", "--eval_every=1", "--eval_n=8", "--n_eval=8",
                     "--bon=2x4", "--models=model2"]
     dpo_suite.main(argv)
@@ -272,7 +272,8 @@ def test_the_suite_draws_each_arm_s_curve_from_the_start_and_reuses_finished_run
     main = store.load_json(os.path.join(adir, "dpo_0.1", "seed1338", "run.json"))["inputs"]
     assert on2["pretrain.pt"] != main["pretrain.pt"] and on2["prefs.jsonl"] != main["prefs.jsonl"]
     names = {r["condition"] for r in store.load_json(os.path.join(adir, "results.jsonl"), lines=True)}
-    assert names == {f"{a}{m}" for a in ("dpo_0.1", "noref_0.1", "ppo_adaptive") for m in ("", "_model2")}
+    assert names == {f"{a}{m}" for a in ("dpo_0.1", "noref_0.1", "ppo_adaptive") for m in ("", "_model2")} | {"dpo_1"}
+    assert not os.path.exists(os.path.join(adir, "model2", "dpo_1"))      # MODEL_ARMS alone on the other models
     assert "| dpo_0.1 |" in md.split("2 pretrained models (main, model2;")[1]
     assert md.count("2 pretrained models (main, model2;") == 2          # against PPO; without against with
     assert "Δ gold against ppo_adaptive" in md and "Δ gold against dpo_0.1" in md

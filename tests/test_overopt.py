@@ -206,6 +206,8 @@ def test_over_pretrained_models_the_unit_is_each_models_mean():
     m = res["models"]
     assert m["means"] == [2.0, 0.5] and m["between_sd"] == pytest.approx(math.sqrt(1.125))
     assert m["within_sd"] == pytest.approx((1.0 + math.sqrt(0.5)) / 2) and m["ci"][3] == 2
+    # What seeds alone give a model's mean: 1/√3 and √0.5/√2 = 0.5, averaged.
+    assert m["within_se"] == pytest.approx((1 / math.sqrt(3) + 0.5) / 2)
     # Two models: t with 1 degree of freedom, 12.706 standard errors each side.
     assert m["ci"][1] == pytest.approx(1.25 - 12.706 * 0.75, abs=1e-3) and "n 2 models" in lines[1]
 
