@@ -3,11 +3,13 @@
 of the time at a nominal 95 %; the percentile bootstrap it replaces covers about 75 % at 3 seeds. The t quantile
 is checked against printed tables. t_prediction holds one more draw 93-97 % of the time at 5 and 10 draws.
 welch_ci, the unpaired difference of two means (another reward model's seeds against the main one's), covers the
-true difference 93-97 % of the time at 5 and 5, 3 and 5, and 10 and 5 draws, the spreads unequal."""
+true difference 93-97 % of the time at 5 and 5, 3 and 5, and 10 and 5 draws, the spreads unequal. over_models,
+the pretrained model as the unit (3 models of 5 seeds, or 5, 5 and 3), covers the true mean 93-97 % of the time
+whether the models differ as much as seeds do, less, or not at all."""
 import numpy as np
 import pytest
 
-from lab.tables import bootstrap_ci, t_ci, t_prediction, t_quantile, welch_ci
+from lab.tables import bootstrap_ci, over_models, t_ci, t_prediction, t_quantile, welch_ci
 
 
 @pytest.mark.parametrize("df, expect", [(1, 12.706), (2, 4.303), (4, 2.776), (9, 2.262), (30, 2.042)])
@@ -100,3 +102,22 @@ def test_welch_s_interval_with_equal_spread_and_size_is_the_pooled_t_one():
     assert np.var(b, ddof=1) == pytest.approx(s2) and d == pytest.approx(1.0)
     assert hi - d == pytest.approx(2.776 * np.sqrt(2 * s2 / 3), rel=1e-3) and d - lo == pytest.approx(hi - d)
     assert welch_ci([1.0, 1.0, 1.0], [2.0, 2.0]) == (-1.0, -1.0, -1.0)      # no spread: no width, no error
+
+
+@pytest.mark.parametrize("model_sd", [0.0, 0.05, 0.15])
+@pytest.mark.parametrize("seeds", [(5, 5, 5), (5, 5, 3)])
+@pytest.mark.parametrize("name", ["normal", "gamma6"])
+def test_the_model_as_the_unit_covers_95_percent_with_seeds_nested_in_models(model_sd, seeds, name):
+    """Each model's true difference drawn around the mean (spread model_sd), its seeds around that (spread 0.15, as
+    the key pair's seeds within a model), then over_models: the interval holds the mean 93-97 % of the time."""
+    rng = np.random.default_rng(11)
+    hits = 0
+    for _ in range(10000):
+        centres = 1.0 + rng.normal(0.0, model_sd, len(seeds)) if model_sd else np.ones(len(seeds))
+        if name == "normal":
+            per = [c + rng.normal(0.0, 0.15, n) for c, n in zip(centres, seeds)]
+        else:
+            per = [c + 0.15 * (rng.gamma(6.0, 1.0, n) - 6.0) / np.sqrt(6.0) for c, n in zip(centres, seeds)]
+        _, lo, hi, n = over_models(per)
+        hits += lo <= 1.0 <= hi
+    assert n == 3 and 0.93 <= hits / 10000 <= 0.97
