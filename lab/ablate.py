@@ -717,7 +717,13 @@ def made_by(started, rows, jobs, threads, device):
             kept[r["kept"]] = kept.get(r["kept"], 0) + 1
     if kept:
         made["kept"] = kept
-        where = "; ".join(f"{m} ({k} run{'s' * (k > 1)})" for m, k in kept.items())
+        # One entry per machine and commit ("CPU (...), commit X"), its runs' first and last dates.
+        dates = {}
+        for m, k in kept.items():
+            machine, date = m.rsplit(", ", 1)
+            dates.setdefault(machine, []).extend([date] * k)
+        where = "; ".join(f"{m}, {min(d)}" + (f" to {max(d)}" if max(d) != min(d) else "")
+                          + f" ({len(d)} run{'s' * (len(d) > 1)})" for m, d in dates.items())
         line += (f" {sum(kept.values())} of the {len(runs)} runs were kept ones, restored "
                  f"rather than run; they were made on {where}.")
     return made, line
