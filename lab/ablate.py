@@ -366,23 +366,25 @@ def finished(run_dir, stamp):
     return records.outputs_intact(run_dir, rec, needed)
 
 
-def keep(run_dir, kept_dir, rec, threads, device):
-    """A finished run's KEPT files copied into kept_dir, then its record (written last, with the
-    outputs it keeps and made_on: the machine, commit and date, and the run's own seconds)."""
+def keep(run_dir, kept_dir, rec, threads, device, names=KEPT):
+    """A finished run's kept files (`names`, the first its result json) copied into kept_dir, then
+    its record (written last, with the outputs it keeps and made_on: the machine, commit and date,
+    and the run's own seconds)."""
     os.makedirs(kept_dir, exist_ok=True)
     store.remove(os.path.join(kept_dir, RECORD))
-    for n in KEPT:
+    for n in names:
         with open(os.path.join(run_dir, n), "rb") as f:
             store.write_bytes(os.path.join(kept_dir, n), f.read())
-    seconds = store.load_json(os.path.join(run_dir, "ppo.json"))["seconds"]
-    kept = dict(rec, outputs={n: rec["outputs"][n] for n in KEPT},
+    seconds = store.load_json(os.path.join(run_dir, names[0]))["seconds"]
+    kept = dict(rec, outputs={n: rec["outputs"][n] for n in names},
                 made_on=provenance.stamp(seconds, threads, device))
     store.save_json(os.path.join(kept_dir, RECORD), kept)
 
 
-def kept_run(kept_dir, stamp):
+def kept_run(kept_dir, stamp, names=KEPT):
     """What made the run kept in kept_dir ("CPU (...), commit, date"), when its record matches
-    `stamp` (config, inputs and code) and its kept files are as the run wrote them; else None."""
+    `stamp` (config, inputs and code) and its kept files (`names`) are as the run wrote them;
+    else None."""
     path = os.path.join(kept_dir, RECORD)
     if not os.path.exists(path):
         return None
@@ -394,7 +396,7 @@ def kept_run(kept_dir, stamp):
         return None
     if records.code_difference(rec, stamp) or records.first_difference(rec, stamp) is not None:
         return None
-    if not records.outputs_intact(kept_dir, rec, KEPT):
+    if not records.outputs_intact(kept_dir, rec, names):
         return None
     m = rec["made_on"]
     yes = {True: "yes", False: "no"}
@@ -413,11 +415,11 @@ def kept_folder(seed_dir, stamp):
     return os.path.join(seed_dir, "inputs_" + hashlib.sha256(text.encode()).hexdigest()[:12])
 
 
-def restore(kept_dir, run_dir):
+def restore(kept_dir, run_dir, names=KEPT):
     """A kept run's files copied into run_dir, without a record: a restored run is taken from
     kept_dir again by the next command (its weights are not there to make it a finished run)."""
     os.makedirs(run_dir, exist_ok=True)
-    for n in KEPT:
+    for n in names:
         with open(os.path.join(kept_dir, n), "rb") as f:
             store.write_bytes(os.path.join(run_dir, n), f.read())
 

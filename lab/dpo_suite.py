@@ -12,6 +12,7 @@ gold-KL frontier with PPO (adaptive and fixed β) and best-of-n by the proxy.
                                              # (default: 2 processes, 1 thread each)
     python -m lab.dpo_suite --bon=12x256     # best-of-n's pool: prompts x samples (the default)
     python -m lab.dpo_suite --models=        # the main pretrained model only
+    python -m lab.dpo_suite --kept=          # no kept runs taken or kept (default: lab/runs)
 
 The pretrained model, frozen reference, reward model and prefs.jsonl are --out_dir's (built by
 train.py's stages when missing), so only the method differs between arms. Run k has --seed + k:
@@ -24,7 +25,11 @@ so each run draws a curve of exact KL to the reference against gold; then the fi
 (--n_eval samples), as the report's.
 Each run folder's run.json, written last, records config, inputs, code and outputs (as
 stages.json does); a run whose record matches is reused, a killed one resumes from its
-dpo_state.pt (ppo_state.pt), so an interrupted suite goes on where it stopped.
+dpo_state.pt (ppo_state.pt), so an interrupted suite goes on where it stopped. As ablate.py's,
+each finished run's result json, metrics and record are also kept in
+lab/runs/dpo_suite/[MODEL/]ARM/SEED/inputs_HASH (for the main run folder, out/, only, unless --kept
+names a folder), and a run missing from out/ whose kept record matches is restored from there
+instead of being run; the weights are not kept (examples.md says so for a kept run).
 Tables: the mean over seeds with a Student-t 95 % interval (tables.t_ci, n = the seeds listed).
 --models (default model2,model3: ablate.BASE_OF's, world, pretraining, preferences and reward
 model reseeded, made under out/dpo_suite/bases/) runs the arms of README's claim (MODEL_ARMS: DPO
@@ -65,6 +70,8 @@ MODEL_ARMS = ("dpo_0.1", "noref_0.1", "ppo_adaptive")
 SUITE_FLAGS = ["--dpo_eval_every=28", "--eval_every=6"]
 QUICK = ["--dpo_epochs=0.1", "--dpo_eval_every=7", "--rollout_batch=32", "--ppo_iters=12",
          "--eval_every=3", "--n_eval=64"]
+# What a kept DPO run keeps: its result json first (ablate.keep reads its seconds), its metrics.
+KEPT = ("dpo.json", "dpo_metrics.jsonl")
 # KLs at which the frontier table reads every trajectory (nats).
 KLS = (1, 2, 4, 6)
 
@@ -76,7 +83,7 @@ def parse(argv):
         sys.exit(0)
     check_once(argv)
     opts = dict(quick=False, seeds=5, arms=",".join(list(ARMS) + list(PPO_ARMS)), jobs=2,
-                bon="12x256", models=",".join(ablate.MODELS))
+                bon="12x256", models=",".join(ablate.MODELS), kept=ablate.KEPT_DIR)
     user = []
     for a in argv:
         name, _, value = a[2:].partition("=")
@@ -127,6 +134,14 @@ def parse(argv):
     d = os.path.join(cfg.run.out_dir, opts["subdir"])
     if store.not_a_folder(cfg.run.out_dir) or store.not_a_folder(d):
         die(f"--out_dir={cfg.run.out_dir}: not a folder")
+    # Runs are kept for the main run folder only, unless --kept names a folder.
+    named = any(a.startswith("--kept=") for a in argv)
+    if not named and os.path.abspath(cfg.run.out_dir) != os.path.abspath(ablate.OUT_DEFAULT):
+        opts["kept"] = ""
+    if opts["kept"]:
+        for d in (opts["kept"], os.path.join(opts["kept"], opts["subdir"])):
+            if store.not_a_folder(d):
+                die(f"--kept={opts['kept']}: {d} {store.not_a_folder(d)}")
     return opts, rest
 
 
@@ -147,24 +162,38 @@ def finished(run_dir, stamp, st):
 
 def dpo_run(job):
     """One DPO (IPO) run in its own folder; its row. A finished run under the same stamp is
-    reused; any other is done again, from its dpo_state.pt when that was made under the same."""
-    arm, seed, rest, base, run_dir, threads = job
+    reused; else a kept one (kept_dir) that matches is restored; any other is done again, from its
+    dpo_state.pt when that was made under the same, and kept."""
+    arm, seed, rest, base, run_dir, threads, kept_dir = job
     if threads:
         torch.set_num_threads(threads)
     own = ARMS[arm] + [f"--seed={seed}", f"--out_dir={base}", "--stage=dpo"]
     cfg = train.parse(override(rest, own))
     st = stages.BY_NAME["dpo"]
     stamp = stages.stamp(cfg, st)
+    if kept_dir:
+        kept_dir = ablate.kept_folder(kept_dir, stamp)
+    made_on = None
     if cfg.run.fresh or not finished(run_dir, stamp, st):
-        for n in [ablate.RECORD] + st.outputs + ([st.partial] if cfg.run.fresh else []):
+        if kept_dir and not cfg.run.fresh:
+            made_on = ablate.kept_run(kept_dir, stamp, KEPT)
+        partial = [st.partial] if cfg.run.fresh or made_on else []
+        for n in [ablate.RECORD] + st.outputs + partial:
             store.remove(os.path.join(run_dir, n))
-        stages.run_stage(cfg, st, stamp, base=base, run_dir=run_dir, log=ablate.quiet)
-        rec = ablate.run_record(run_dir, stamp, [n for n in st.outputs
-                                                 if os.path.exists(os.path.join(run_dir, n))])
-        store.save_json(os.path.join(run_dir, ablate.RECORD), rec)
+        if made_on:
+            ablate.restore(kept_dir, run_dir, KEPT)
+        else:
+            stages.run_stage(cfg, st, stamp, base=base, run_dir=run_dir, log=ablate.quiet)
+            rec = ablate.run_record(run_dir, stamp, [n for n in st.outputs
+                                                     if os.path.exists(os.path.join(run_dir, n))])
+            store.save_json(os.path.join(run_dir, ablate.RECORD), rec)
+    # A finished run not yet kept (or kept under another stamp) is kept.
+    if kept_dir and not made_on and not ablate.kept_run(kept_dir, stamp, KEPT):
+        rec = store.load_json(os.path.join(run_dir, ablate.RECORD))
+        ablate.keep(run_dir, kept_dir, rec, threads, cfg.run.device, KEPT)
     s = store.load_json(os.path.join(run_dir, "dpo.json"))
-    return dict(condition=arm, seed=seed, **s["final"], **s["implicit"], seconds=s["seconds"],
-                steps=s["steps"], **bestofk_cells(s["bestofk"]))
+    return dict(condition=arm, seed=seed, kept=made_on, **s["final"], **s["implicit"],
+                seconds=s["seconds"], steps=s["steps"], **bestofk_cells(s["bestofk"]))
 
 
 def one_run(job):
@@ -174,8 +203,7 @@ def one_run(job):
     try:
         if arm in ARMS:
             return dpo_run(job)
-        # No kept runs (lab/runs) for this suite's PPO arms: its DPO arms have none either.
-        row = ablate.one_run((PPO_ARMS[arm],) + job[1:] + (None,))
+        row = ablate.one_run((PPO_ARMS[arm],) + job[1:])
         return dict(row, condition=arm)
     except RunError:
         raise
@@ -295,7 +323,11 @@ def examples(cfg, base, adir, order, seed, n=3):
     prompts = heldout[::max(1, len(heldout) // n)][:n]
     lines = ["# What each arm's actor writes (first seed, the same sampling noise)", ""]
     for arm in [a for a in order if a in ARMS]:
-        model, _ = load_checkpoint(os.path.join(adir, arm, f"seed{seed}", "dpo_actor.pt"))
+        path = os.path.join(adir, arm, f"seed{seed}", "dpo_actor.pt")
+        if not os.path.exists(path):
+            lines += [f"## {arm}", "", "(a kept run: its weights were not kept)", ""]
+            continue
+        model, _ = load_checkpoint(path)
         run = sample.Run(model=model, enc=enc, response_length=cfg.run.response_length)
         # With its end-of-text where it ended, as the simulated human reads it.
         texts = [run.sample(p, seed=seed, end_of_text=True)[0] for p in prompts]
@@ -331,8 +363,12 @@ def suite(opts, rest):
         for m, (b, folder) in bases.items():
             for a in (a for a in order if m == "main" or a in MODEL_ARMS):
                 for k in range(opts["seeds"]):
-                    jobs.append((a, seed0 + k, rest, b, os.path.join(folder, a, f"seed{seed0 + k}"),
-                                 threads))
+                    # Kept as the run folder is placed: [MODEL/]ARM/SEED under lab/runs/SUBDIR.
+                    where = [a, f"seed{seed0 + k}"] if m == "main" else [m, a, f"seed{seed0 + k}"]
+                    kept = (os.path.join(opts["kept"], opts["subdir"], *where) if opts["kept"]
+                            else None)
+                    jobs.append((a, seed0 + k, rest, b, os.path.join(folder, *where[-2:]),
+                                 threads, kept))
                     names.append(a if m == "main" else f"{a}_{m}")
         print(f"dpo_suite: {len(jobs)} runs ({opts['jobs']} at a time) into {adir}", flush=True)
         rows, pool = [], None

@@ -5,7 +5,7 @@ start (actor = reference, dropout off) every DPO loss is ln 2 and every margin 0
 reference log-probs are the live ones; the loss is finite at a margin of -1,000; the reference is bit for bit what
 it was; same seed, same numbers; killed and resumed, the numbers of an uninterrupted run; bad flags are one line and
 exit 2, before any work."""
-import copy, math, os
+import copy, math, os, shutil
 import pytest
 import torch
 from torch.nn import functional as F
@@ -247,12 +247,14 @@ def test_the_suite_draws_each_arm_s_curve_from_the_start_and_reuses_finished_run
     """lab.dpo_suite on a copy of the smoke run: a DPO, a no-reference and a PPO arm over 2 seeds, each
     trajectory starting at the pretrained model (KL 0) and ending at the run's last evaluation; the tables name
     every arm with a Student-t interval; --models runs them on a reseeded pretrained model too, read with the model
-    as the unit; the same command again reuses every run."""
+    as the unit; the same command again reuses every run; with the run folders gone, it restores every run from
+    where they were kept (--kept) and writes the same tables."""
     from lab import dpo_suite
     out = copy_run(run, tmp_path)
+    kept = tmp_path / "kept"
     argv = SMOKE + [f"--out_dir={out}", "--arms=dpo_0.1,noref_0.1,ppo_adaptive,dpo_1", "--seeds=2", "--jobs=1",
                     "--dpo_epochs=0.2", "--ppo_iters=2", "--dpo_eval_every=2", "--eval_every=1", "--eval_n=8", "--n_eval=8",
-                    "--bon=2x4", "--models=model2"]
+                    "--bon=2x4", "--models=model2", f"--kept={kept}"]
     dpo_suite.main(argv)
     adir = os.path.join(out, "dpo_suite")
     result = store.load_json(os.path.join(adir, "dpo.json"))
@@ -282,6 +284,15 @@ def test_the_suite_draws_each_arm_s_curve_from_the_start_and_reuses_finished_run
     dpo_suite.main(argv)
     assert os.path.getmtime(record) == made
     assert open(os.path.join(adir, "dpo.md")).read().split("\nMade by")[0] == md.split("\nMade by")[0]
+    assert os.path.exists(kept / "dpo_suite" / "model2" / "dpo_0.1" / "seed1338")
+    for d in ("dpo_0.1", "noref_0.1", "ppo_adaptive", "dpo_1", "model2"):
+        shutil.rmtree(os.path.join(adir, d))
+    dpo_suite.main(argv)
+    again = open(os.path.join(adir, "dpo.md")).read()
+    assert again.split("\nMade by")[0] == md.split("\nMade by")[0]
+    assert "14 of the 14 runs were kept ones, restored rather than run" in again
+    assert not os.path.exists(os.path.join(adir, "dpo_0.1", "seed1337", "dpo_actor.pt"))   # nothing ran
+    assert "(a kept run: its weights were not kept)" in open(os.path.join(adir, "examples.md")).read()
 
 
 @pytest.mark.parametrize("flag, why", [("--arms=dpo_7", "unknown arm"), ("--arms=dpo_0.1,dpo_0.1", "twice"),
