@@ -400,9 +400,11 @@ def kept_run(kept_dir, stamp, names=KEPT):
         return None
     m = rec["made_on"]
     yes = {True: "yes", False: "no"}
+    # As provenance.line marks a commit: clean, with uncommitted changes, or not read.
+    notes = {True: " with uncommitted changes", False: "", None: " (working tree not read)"}
     try:
         return (f"{m['cpu']} (AVX-512 {yes[m['avx512']]}, native bf16 {yes[m['native_bf16']]}), "
-                f"commit {m['commit']}, {m['date']}")
+                f"commit {m['commit']}{notes[m.get('uncommitted')]}, {m['date']}")
     except (KeyError, TypeError):
         return None
 

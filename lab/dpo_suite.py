@@ -27,9 +27,10 @@ Each run folder's run.json, written last, records config, inputs, code and outpu
 stages.json does); a run whose record matches is reused, a killed one resumes from its
 dpo_state.pt (ppo_state.pt), so an interrupted suite goes on where it stopped. As ablate.py's,
 each finished run's result json, metrics and record are also kept in
-lab/runs/dpo_suite/[MODEL/]ARM/SEED/inputs_HASH (for the main run folder, out/, only, unless --kept
-names a folder), and a run missing from out/ whose kept record matches is restored from there
-instead of being run; the weights are not kept (examples.md says so for a kept run).
+lab/runs/SUBDIR/[MODEL/]ARM/seedN/inputs_HASH (SUBDIR dpo_suite, or dpo_suite_quick; for the
+main run folder, out/, only, unless --kept names a folder), and a run missing from out/ whose
+kept record matches is restored from there instead of being run; the weights are not kept
+(examples.md says so for a kept run).
 Tables: the mean over seeds with a Student-t 95 % interval (tables.t_ci, n = the seeds listed).
 --models (default model2,model3: ablate.BASE_OF's, world, pretraining, preferences and reward
 model reseeded, made under out/dpo_suite/bases/) runs the arms of README's claim (MODEL_ARMS: DPO
@@ -177,8 +178,10 @@ def dpo_run(job):
     if cfg.run.fresh or not finished(run_dir, stamp, st):
         if kept_dir and not cfg.run.fresh:
             made_on = ablate.kept_run(kept_dir, stamp, KEPT)
+        # The temporary files a kill mid-write leaves.
+        stray = [n for n in os.listdir(run_dir) if ".tmp" in n] if os.path.isdir(run_dir) else []
         partial = [st.partial] if cfg.run.fresh or made_on else []
-        for n in [ablate.RECORD] + st.outputs + partial:
+        for n in [ablate.RECORD] + st.outputs + stray + partial:
             store.remove(os.path.join(run_dir, n))
         if made_on:
             ablate.restore(kept_dir, run_dir, KEPT)
@@ -363,7 +366,7 @@ def suite(opts, rest):
         for m, (b, folder) in bases.items():
             for a in (a for a in order if m == "main" or a in MODEL_ARMS):
                 for k in range(opts["seeds"]):
-                    # Kept as the run folder is placed: [MODEL/]ARM/SEED under lab/runs/SUBDIR.
+                    # Kept as the run folder is placed: [MODEL/]ARM/seedN under --kept's SUBDIR.
                     where = [a, f"seed{seed0 + k}"] if m == "main" else [m, a, f"seed{seed0 + k}"]
                     kept = (os.path.join(opts["kept"], opts["subdir"], *where) if opts["kept"]
                             else None)

@@ -608,3 +608,25 @@ def test_runs_are_kept_only_for_the_main_run_folder_unless_kept_says_where(tmp_p
         ablate.parse(["--preset=smoke", f"--out_dir={tmp_path / 'out'}", f"--kept={tmp_path / 'file'}"])
     err = capsys.readouterr().err
     assert e.value.code == 2 and "--kept=" in err and "is a file" in err and err.count("\n") == 1
+    # dpo_suite takes --kept the same way.
+    from lab import dpo_suite
+    smoke = ["--preset=smoke", "--eval_every=1"]
+    assert dpo_suite.parse(smoke)[0]["kept"] == ablate.KEPT_DIR
+    assert dpo_suite.parse(smoke + [f"--out_dir={tmp_path}"])[0]["kept"] == ""
+    assert dpo_suite.parse(smoke + [f"--out_dir={tmp_path}", "--kept=k"])[0]["kept"] == "k"
+    assert dpo_suite.parse(smoke + ["--kept="])[0]["kept"] == ""
+
+
+def test_the_suite_line_names_each_machine_and_commit_of_its_kept_runs_once():
+    """made_by groups the kept runs by machine and commit (a dirty tree apart from a clean one), with
+    the first and last dates of each group's runs and their count."""
+    cpu = "Intel X (AVX-512 yes, native bf16 no)"
+    kept = [f"{cpu}, commit abc, 2026-12-04 15:33 UTC", f"{cpu}, commit abc, 2026-12-04 13:33 UTC",
+            f"{cpu}, commit abc, 2026-12-04 13:33 UTC", f"{cpu}, commit abc with uncommitted changes, "
+            "2026-12-04 16:00 UTC", None]
+    rows = [dict(condition="pretrained", seconds=0, kept=None)]
+    rows += [dict(condition=f"c{i}", seconds=1, kept=k) for i, k in enumerate(kept)]
+    line = ablate.made_by(time.time(), rows, 2, 1, "cpu")[1]
+    assert ("4 of the 5 runs were kept ones, restored rather than run; they were made on "
+            f"{cpu}, commit abc, 2026-12-04 13:33 UTC to 2026-12-04 15:33 UTC (3 runs); "
+            f"{cpu}, commit abc with uncommitted changes, 2026-12-04 16:00 UTC (1 run).") in line
