@@ -368,8 +368,9 @@ def suite(opts, rest):
                 for k in range(opts["seeds"]):
                     # Kept as the run folder is placed: [MODEL/]ARM/seedN under --kept's SUBDIR.
                     where = [a, f"seed{seed0 + k}"] if m == "main" else [m, a, f"seed{seed0 + k}"]
-                    kept = (os.path.join(opts["kept"], opts["subdir"], *where) if opts["kept"]
-                            else None)
+                    kept = None
+                    if opts["kept"]:
+                        kept = os.path.join(opts["kept"], opts["subdir"], *where)
                     jobs.append((a, seed0 + k, rest, b, os.path.join(folder, *where[-2:]),
                                  threads, kept))
                     names.append(a if m == "main" else f"{a}_{m}")
