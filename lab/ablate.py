@@ -37,11 +37,11 @@ record (with the machine, commit and date that made it) are also kept in
 lab/runs/SUBDIR/COND/SEED/inputs_HASH (--kept=FOLDER; only for the main run folder, out/, unless
 --kept names one; --kept= turns it off). A run missing from out/ whose kept record matches the
 current config, inputs and code, its kept files intact, is restored from there instead of being
-run: the tables come out the same, and say how many of their runs were kept ones and what made
-them. The inputs include the pretrained model's hash, so a kept run stands in only on a CPU whose
-rounding rebuilds the same base; elsewhere the runs are made again and kept beside it (HASH is a
-digest of the inputs), so runs made on several CPUs accumulate, each CPU's own set. The weights are
-not kept (examples.md says so for a kept run).
+run: the tables come out the same, and say how many of their runs earlier commands made (restored
+or reused) and what made them. The inputs include the pretrained model's hash, so a kept run stands
+in only on a CPU whose rounding rebuilds the same base; elsewhere the runs are made again and kept
+beside it (HASH is a digest of the inputs), so runs made on several CPUs accumulate, each CPU's own
+set. The weights are not kept (examples.md says so for a kept run).
 
 The pretrained model, frozen reference and reward model come from the main run folder (--out_dir,
 built by train.py's stages when missing), so only PPO differs between rows. Every condition gets
@@ -440,6 +440,7 @@ def one_run(job):
     if kept_dir:
         kept_dir = kept_folder(kept_dir, stamp)
     made_on = None
+    made_now = False
     if cfg.run.fresh or not finished(run_dir, stamp):
         if kept_dir and not cfg.run.fresh:
             made_on = kept_run(kept_dir, stamp)
@@ -457,12 +458,17 @@ def one_run(job):
             # Last: a run killed before this line is done again.
             rec = run_record(run_dir, stamp, stages.files(cfg, st.outputs))
             store.save_json(os.path.join(run_dir, RECORD), rec)
+            made_now = True
     # A finished run not yet kept (or kept under another stamp) is kept.
     if kept_dir and not made_on and not kept_run(kept_dir, stamp):
         rec = store.load_json(os.path.join(run_dir, RECORD))
         keep(run_dir, kept_dir, rec, threads, cfg.run.device)
+    restored = made_on is not None
+    # A run reused from its folder was made by an earlier command: its kept record names which.
+    if kept_dir and not made_now and not restored:
+        made_on = kept_run(kept_dir, stamp)
     s = store.load_json(os.path.join(run_dir, "ppo.json"))
-    return dict(condition=cond, seed=seed, kept=made_on, **s["final"],
+    return dict(condition=cond, seed=seed, kept=made_on, restored=restored, **s["final"],
                 kl_coef_final=s["kl_coef_final"],
                 seconds=s["seconds"], ref=s.get("ref"), entropy=s["entropy"],
                 s_per_iter=s["ref"]["seconds_per_iter"], critic_mb=s["critic_bytes"] / 1e6,
@@ -713,7 +719,8 @@ def made_by(started, rows, jobs, threads, device):
     line = (provenance.line(made, "this command's wall time to the end of its runs")
             + f" The runs' own times sum to {provenance.duration(made['runs_seconds'])}, {jobs} "
             "at a time.")
-    # Kept runs (lab/runs) were made by an earlier command: on which machine, at which commit.
+    # Runs made by an earlier command (restored from lab/runs, or reused from their folders and
+    # kept there): on which machine, at which commit.
     runs = [r for r in rows if not r["condition"].startswith("pretrained")]
     kept = {}
     for r in runs:
@@ -728,8 +735,17 @@ def made_by(started, rows, jobs, threads, device):
             dates.setdefault(machine, []).extend([date] * k)
         where = "; ".join(f"{m}, {min(d)}" + (f" to {max(d)}" if max(d) != min(d) else "")
                           + f" ({len(d)} run{'s' * (len(d) > 1)})" for m, d in dates.items())
-        line += (f" {sum(kept.values())} of the {len(runs)} runs were kept ones, restored "
-                 f"rather than run; they were made on {where}.")
+        # How they came back: restored from the kept runs, or reused from their run folders.
+        restored = sum(1 for r in runs if r.get("restored"))
+        how = f"{restored} restored from the kept runs rather than run, the others reused"
+        if restored == sum(kept.values()):
+            how = "all restored from the kept runs rather than run"
+        elif restored == 0:
+            how = "reused"
+        if restored < sum(kept.values()):
+            how += " from their run folders"
+        line += (f" {sum(kept.values())} of the {len(runs)} runs were made by earlier commands and "
+                 f"kept ({how}); they were made on {where}.")
     return made, line
 
 

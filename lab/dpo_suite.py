@@ -175,6 +175,7 @@ def dpo_run(job):
     if kept_dir:
         kept_dir = ablate.kept_folder(kept_dir, stamp)
     made_on = None
+    made_now = False
     if cfg.run.fresh or not finished(run_dir, stamp, st):
         if kept_dir and not cfg.run.fresh:
             made_on = ablate.kept_run(kept_dir, stamp, KEPT)
@@ -190,12 +191,18 @@ def dpo_run(job):
             rec = ablate.run_record(run_dir, stamp, [n for n in st.outputs
                                                      if os.path.exists(os.path.join(run_dir, n))])
             store.save_json(os.path.join(run_dir, ablate.RECORD), rec)
+            made_now = True
     # A finished run not yet kept (or kept under another stamp) is kept.
     if kept_dir and not made_on and not ablate.kept_run(kept_dir, stamp, KEPT):
         rec = store.load_json(os.path.join(run_dir, ablate.RECORD))
         ablate.keep(run_dir, kept_dir, rec, threads, cfg.run.device, KEPT)
+    restored = made_on is not None
+    # A run reused from its folder was made by an earlier command: its kept record names which.
+    if kept_dir and not made_now and not restored:
+        made_on = ablate.kept_run(kept_dir, stamp, KEPT)
     s = store.load_json(os.path.join(run_dir, "dpo.json"))
-    return dict(condition=arm, seed=seed, kept=made_on, **s["final"], **s["implicit"],
+    return dict(condition=arm, seed=seed, kept=made_on, restored=restored, **s["final"],
+                **s["implicit"],
                 seconds=s["seconds"], steps=s["steps"], **bestofk_cells(s["bestofk"]))
 
 

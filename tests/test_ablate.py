@@ -543,6 +543,13 @@ def test_a_kept_run_stands_in_for_a_run_a_fresh_checkout_lacks(run, tmp_path):
     ablate.main(argv)
     adir = os.path.join(run, "ablate_kept")
     rows = store.load_json(os.path.join(adir, "results.jsonl"), lines=True)
+    assert not any(r["kept"] for r in rows[1:])                         # all made by this command
+    ablate.main(argv)
+    # Run again, the runs are reused from their folders: the table names what made them.
+    reused = store.load_json(os.path.join(adir, "results.jsonl"), lines=True)
+    assert all(r["kept"] and not r["restored"] for r in reused[1:])
+    assert ("3 of the 3 runs were made by earlier commands and kept (reused from their run "
+            "folders); they were made on ") in open(os.path.join(adir, "results.md")).read()
 
     elsewhere = "0" * 16                                                # another CPU's pretrained model
 
@@ -573,12 +580,13 @@ def test_a_kept_run_stands_in_for_a_run_a_fresh_checkout_lacks(run, tmp_path):
         return {c for c in conds if os.path.exists(os.path.join(adir, c, "seed1337", "actor.pt"))}
 
     def without_kept(rs):
-        return [{k: v for k, v in r.items() if k != "kept"} for r in rs]
+        return [{k: v for k, v in r.items() if k not in ("kept", "restored")} for r in rs]
     restored = again()
     assert actors() == set() and all(r["kept"] for r in restored[1:])    # nothing ran
     assert without_kept(restored) == without_kept(rows)
     table = open(os.path.join(adir, "results.md")).read()
-    assert "3 of the 3 runs were kept ones, restored rather than run; they were made on " in table
+    assert ("3 of the 3 runs were made by earlier commands and kept (all restored from the kept runs "
+            "rather than run); they were made on ") in table
     assert "(a kept run: its weights were not kept)" in open(os.path.join(adir, "examples.md")).read()
     path = kept_file("no_kl", "metrics.jsonl")
     with open(path, "a") as f:
@@ -591,7 +599,7 @@ def test_a_kept_run_stands_in_for_a_run_a_fresh_checkout_lacks(run, tmp_path):
     store.save_json(str(kept_file("adaptive", "run.json")), rec)
     redone = again()
     assert actors() == set(conds) and not any(r["kept"] for r in redone[1:])
-    assert "runs were kept ones" not in open(os.path.join(adir, "results.md")).read()
+    assert "made by earlier commands" not in open(os.path.join(adir, "results.md")).read()
     assert [(r["gold_mean"], r["kl"]) for r in redone] == [(r["gold_mean"], r["kl"]) for r in rows]
     assert all(r["kept"] for r in again()[1:])                          # kept again, as they were redone
     assert actors() == set()
@@ -625,8 +633,9 @@ def test_the_suite_line_names_each_machine_and_commit_of_its_kept_runs_once():
             f"{cpu}, commit abc, 2026-12-04 13:33 UTC", f"{cpu}, commit abc with uncommitted changes, "
             "2026-12-04 16:00 UTC", None]
     rows = [dict(condition="pretrained", seconds=0, kept=None)]
-    rows += [dict(condition=f"c{i}", seconds=1, kept=k) for i, k in enumerate(kept)]
+    rows += [dict(condition=f"c{i}", seconds=1, kept=k, restored=i < 2) for i, k in enumerate(kept)]
     line = ablate.made_by(time.time(), rows, 2, 1, "cpu")[1]
-    assert ("4 of the 5 runs were kept ones, restored rather than run; they were made on "
+    assert ("4 of the 5 runs were made by earlier commands and kept (2 restored from the kept runs "
+            "rather than run, the others reused from their run folders); they were made on "
             f"{cpu}, commit abc, 2026-12-04 13:33 UTC to 2026-12-04 15:33 UTC (3 runs); "
             f"{cpu}, commit abc with uncommitted changes, 2026-12-04 16:00 UTC (1 run).") in line

@@ -290,7 +290,7 @@ def test_the_suite_draws_each_arm_s_curve_from_the_start_and_reuses_finished_run
     dpo_suite.main(argv)
     again = open(os.path.join(adir, "dpo.md")).read()
     assert again.split("\nMade by")[0] == md.split("\nMade by")[0]
-    assert "14 of the 14 runs were kept ones, restored rather than run" in again
+    assert "14 of the 14 runs were made by earlier commands and kept (" in again
     assert not os.path.exists(os.path.join(adir, "dpo_0.1", "seed1337", "dpo_actor.pt"))   # nothing ran
     assert "(a kept run: its weights were not kept)" in open(os.path.join(adir, "examples.md")).read()
 
