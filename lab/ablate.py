@@ -765,9 +765,9 @@ def _worker_init(parent):
 def ablate(opts, rest):
     cfg = train.parse(rest)
     base = cfg.run.out_dir
-    os.makedirs(base, exist_ok=True)
     started = time.time()
-    with store.Lock(base):
+    # The main run's folder, made when missing (a fresh checkout has no out/), as train.py's.
+    with train.open_folder(cfg):
         main_run = train.parse(override(rest, ["--stage=all"]))
         # --fresh redoes this command's ablation runs, never the main run.
         main_run.run.fresh = False

@@ -351,7 +351,8 @@ def suite(opts, rest):
     cfg = train.parse(rest)
     base = cfg.run.out_dir
     started = time.time()
-    with store.Lock(base):
+    # The main run's folder, made when missing (a fresh checkout has no out/), as train.py's.
+    with train.open_folder(cfg):
         main_run = train.parse(override(rest, ["--stage=all"]))
         main_run.run.fresh = False
         train.run_stages(main_run, upto="reward")

@@ -639,3 +639,23 @@ def test_the_suite_line_names_each_machine_and_commit_of_its_kept_runs_once():
             "rather than run, the others reused from their run folders); they were made on "
             f"{cpu}, commit abc, 2026-12-04 13:33 UTC to 2026-12-04 15:33 UTC (3 runs); "
             f"{cpu}, commit abc with uncommitted changes, 2026-12-04 16:00 UTC (1 run).") in line
+
+
+@pytest.mark.parametrize("suite", ["ablate", "dpo_suite"])
+def test_a_suite_makes_the_main_run_folder_a_fresh_checkout_lacks(tmp_path, monkeypatch, suite):
+    """A fresh checkout has no out/: each suite makes its --out_dir (as train.py does) and goes on
+    to the main run's stages, here stopped as they start."""
+    from lab import dpo_suite
+
+    class StagesReached(Exception):
+        pass
+
+    def stages_reached(*args, **kwargs):
+        raise StagesReached
+
+    monkeypatch.setattr(train, "run_stages", stages_reached)
+    out = tmp_path / "new" / "out"
+    main = ablate.main if suite == "ablate" else dpo_suite.main
+    with pytest.raises(StagesReached):
+        main(["--preset=smoke", f"--out_dir={out}", "--seeds=1", "--jobs=1", "--eval_every=1"])
+    assert out.is_dir()
