@@ -10,17 +10,23 @@ The table is the first markdown table whose header is HEADER; each row names a r
 (ROWS). The first two value cells are the run README was made from ("mean ± std" allowed, bold
 allowed); the next two, "mean [low, high]", a new seed's 95 % prediction interval from several
 whole-pipeline seeds (lab/seeds.py writes the table); the last, the sampling standard error, is
-not checked. By default each of the run's numbers (the mean of a row; not the "± std" part) must
-lie inside its interval: a run on another CPU, which rounds differently, passes when it lands
-where a new seed would. --exact checks the run's own columns instead: a number may differ by half
-a unit of its last printed digit (the same seed on the same machine gives the same numbers). Both
-add --slack. Each number outside is printed with both values, and the exit code is 1; when all
-agree, one line says so and the exit code is 0.
+not checked. By default the run's numbers (the mean of a row; not the "± std" part) must lie
+inside the intervals taken together: a run on another CPU, which rounds differently, passes when
+it lands where a new seed would. With 11 numbers each at 95 %, a new seed has one outside its own
+interval often (about 4 times in 10 were they independent), so each interval is widened to a joint
+band that holds all of a new seed's numbers at once at least 95 % of the time (Bonferroni over
+the intervals that have a width, with the Student-t n that README states under the table); a
+number outside its own interval but inside the band is printed as a note and passes.
+--exact checks the run's own columns instead: a number may differ by half a unit of its last
+printed digit (the same seed on the same machine gives the same numbers). Both add --slack. Each
+number outside is printed with both values, and the exit code is 1; when all agree, one line says
+so and the exit code is 0.
 Bad input (no table, an unknown or a missing row, a row without one cell per column, a cell
 without its numbers, an interval whose low end is above its high end, a missing or unreadable
 report, a field that is not a number, a flag given twice, a slack that is not a finite number
->= 0) is one line on stderr naming the file and the field, exit 2; a number that is not finite in
-the report always differs. A minus sign may be written as prose writes it (−).
+>= 0, no "Student-t, n = N" after the table) is one line on stderr naming the file and the
+field, exit 2; a number that is not finite in the report always differs. A minus sign may be
+written as prose writes it (−).
 Left out: ANSWER.md's tables (each names the command that made it).
 """
 # Ctrl-C while the imports below load torch (seconds) is one line and exit 130.
@@ -31,6 +37,7 @@ import json, math, os, re, sys
 
 from machinery.config import check_once
 from machinery.errors import die, run_main
+from lab.tables import t_quantile
 
 # README's row name -> (report.json column, the column of the "± std" part or None).
 ROWS = {"gold score (mean ± std)": ("gold_mean", "gold_std"),
@@ -98,12 +105,36 @@ def value(report, policy, column, where):
                          "number a run writes") from None
 
 
+def seeds_of(text, where="README"):
+    """n, the number of seeds a new seed's intervals are over: the first "Student-t, n = N" after
+    the table's header (README's prose under the table says it). ValueError naming `where` when
+    it is missing or below 2."""
+    found = re.search(r"Student-t, n = (\d+)", text[text.find(HEADER):])
+    if not found or int(found.group(1)) < 2:
+        raise ValueError(f"{where} says no \"Student-t, n = N\" (N >= 2) after its first table: "
+                         "the seeds a new seed's intervals are over")
+    return int(found.group(1))
+
+
+def joint_factor(m, n, level=0.95):
+    """How much wider than its own 95 % prediction interval each of m intervals over n seeds is
+    made so that a new seed lands inside all m at once at least `level` of the time: Bonferroni,
+    t(1 - (1 - level) / 2m, n - 1) / t(0.975, n - 1). Its coverage is simulated in
+    tests/test_claims.py."""
+    if m < 2:
+        return 1.0
+    return t_quantile(1 - (1 - level) / (2 * m), n - 1) / t_quantile(0.975, n - 1)
+
+
 def differences(text, report, slack=0.0, where=("README", "report.json"), exact=False):
-    """(number of values checked, [lines naming each value outside what is allowed]). Default: each
-    row's mean inside a new seed's prediction interval (each end widened by half a unit of its
-    last digit and slack); exact: the run's own columns, each number within allowed(). where: the
-    names of the README and the report, for the messages."""
-    checked, lines = 0, []
+    """(number of values checked, [lines naming each value outside what is allowed], [notes]).
+    Default: each row's mean inside a new seed's prediction intervals taken together: each
+    interval's two halves widened by joint_factor over the m intervals that have a width (a
+    number the same on every seed, KL 0 of the pretrained model, is checked as printed), then
+    each end by half a unit of its last digit and slack; a number inside that band but outside
+    its own 95 % interval passes with a note. exact: the run's own columns, each number within
+    allowed(). where: the names of the README and the report, for the messages."""
+    checked, lines, notes, intervals = 0, [], [], []
     rows = table_rows(text, where[0])
     missing = [name for name in ROWS if name not in [r[0] for r in rows]]
     if missing:
@@ -122,26 +153,35 @@ def differences(text, report, slack=0.0, where=("README", "report.json"), exact=
                 raise ValueError(f"{where[0]}: row {name!r}, a new seed's {policy}: "
                                  f"{cells[len(POLICIES) + i]!r} is not \"mean [low, high]\"")
             if exact:
-                pairs = list(zip(columns, own))
+                for column, shown in zip(columns, own):
+                    actual = value(report, policy, column, where[1])
+                    checked += 1
+                    # A NaN is never within any tolerance.
+                    if not abs(float(shown) - actual) <= allowed(shown, slack):
+                        lines.append(f"{name}, {policy} ({column}): README {shown}, run "
+                                     f"{actual:.4f} (allowed ±{allowed(shown, slack):.4g})")
             else:
-                pairs = [(columns[0], None)]
-            for column, shown in pairs:
-                actual = value(report, policy, column, where[1])
+                actual = value(report, policy, columns[0], where[1])
                 checked += 1
-                if shown is not None:
-                    ok = abs(float(shown) - actual) <= allowed(shown, slack)
-                    said = (f"README {shown}, run {actual:.4f} "
-                            f"(allowed ±{allowed(shown, slack):.4g})")
-                else:
-                    lo = float(new[1]) - allowed(new[1], slack)
-                    hi = float(new[2]) + allowed(new[2], slack)
-                    ok = lo <= actual <= hi
-                    said = (f"run {actual:.4f}, outside a new seed's [{new[1]}, {new[2]}] "
-                            f"(+ rounding and slack: [{lo:.4g}, {hi:.4g}])")
-                # A NaN is never within any tolerance.
-                if not ok:
-                    lines.append(f"{name}, {policy} ({column}): {said}")
-    return checked, lines
+                intervals.append((f"{name}, {policy} ({columns[0]})", new, actual))
+    if exact:
+        return checked, lines, notes
+    n = seeds_of(text, where[0])
+    m = sum(float(new[1]) < float(new[2]) for _, new, _ in intervals)
+    factor = joint_factor(m, n)
+    for label, (mean, low, high), actual in intervals:
+        lo = float(mean) - factor * (float(mean) - float(low)) - allowed(low, slack)
+        hi = float(mean) + factor * (float(high) - float(mean)) + allowed(high, slack)
+        own_lo = float(low) - allowed(low, slack)
+        own_hi = float(high) + allowed(high, slack)
+        band = (f"a new seed's [{low}, {high}], widened {factor:.2f}x for {m} numbers at once "
+                f"(n = {n}), + rounding and slack: [{lo:.4g}, {hi:.4g}]")
+        # A NaN is never within any tolerance.
+        if not lo <= actual <= hi:
+            lines.append(f"{label}: run {actual:.4f}, outside {band}")
+        elif not own_lo <= actual <= own_hi:
+            notes.append(f"{label}: run {actual:.4f}, outside its own interval but inside {band}")
+    return checked, lines, notes
 
 
 def parse(argv):
@@ -187,24 +227,26 @@ def main(argv):
     try:
         text = load(opts["readme"], "text")
         report = load(report_path, "json")
-        checked, lines = differences(text, report, opts["slack"], (opts["readme"], report_path),
-                                     opts["exact"])
+        checked, lines, notes = differences(text, report, opts["slack"],
+                                            (opts["readme"], report_path), opts["exact"])
     except ValueError as e:
         die(f"lab.claims: {e}")
     except KeyboardInterrupt:
         die("interrupted", 130)
-    for line in lines:
+    for line in notes + lines:
         print(line)
     if opts["exact"]:
         what = "the run's own numbers, each within its rounding"
     else:
-        what = "a new seed's prediction intervals"
+        what = "a new seed's prediction intervals, taken together"
     if lines:
         print(f"{len(lines)} of {checked} numbers of {report_path} are outside {opts['readme']}'s "
               f"first table ({what})")
         return 1
+    # A new seed has a number or two outside its own 95 % interval often: said, not failed.
+    outside = f"; {len(notes)} outside its own 95 % interval" if notes else ""
     print(f"{report_path} matches {opts['readme']}'s first table: {checked} numbers inside {what} "
-          f"(+ slack {opts['slack']:g})")
+          f"(+ slack {opts['slack']:g}){outside}")
     return 0
 
 

@@ -13,8 +13,9 @@ from where it stopped. seeds/seeds.md holds one row per number (each seed, the m
 the Student-t prediction interval, mean ± t·s·√(1 + 1/n): tables.t_prediction, its coverage
 simulated in tests/test_intervals.py), then README's first table: the main run's own numbers,
 a new seed's interval, and the sampling standard error of the main run's 200-sample means where
-the report holds what it takes (the gold score's std, a rate's binomial one), with the line that
-says what made it (provenance.py); the numbers go to seeds/seeds.json.
+the report holds what it takes (the gold score's std, a rate's binomial one), and the seeds' n
+(lab.claims widens the intervals by it), with the line that says what made it (provenance.py);
+the numbers go to seeds/seeds.json.
 Left out: another CPU (run this there); the sampling error of the means the report keeps no
 spread for (proxy, KL, distinct-2, perplexity).
 """
@@ -177,7 +178,9 @@ def main(argv):
         first = ("\nREADME's first table (the run of seed "
                  f"{cfg.run.seed}, a new seed's 95 % prediction interval over these {len(seeds)}, "
                  f"and the sampling s.e. of the run's {cfg.eval.n_eval}-sample means):\n\n"
-                 + readme_table(main_rep, per_seed, cfg.eval.n_eval))
+                 + readme_table(main_rep, per_seed, cfg.eval.n_eval)
+                 # lab.claims reads n from the prose under the table.
+                 + f"\nA new seed's intervals: Student-t, n = {len(seeds)}.\n")
     else:
         first = ""
     text = (f"# The main pipeline under {len(seeds)} seeds\n\n{table(per_seed)}{first}\n"

@@ -35,8 +35,10 @@ def test_another_seed_reseeds_the_world_and_the_table_is_the_runs(run, tmp_path,
                                         f"{min(kl):.3f}–{max(kl):.3f}", f"[{lo:.3f}, {hi:.3f}] |"]
     gain_row = next(line for line in lines if line.startswith("| gold gain (pretrained std) |"))
     assert gain_row.split(" | ")[-2] == f"{min(gain):.3f}–{max(gain):.3f}"
-    # README's table, as seeds.md gives it, read by claims.py: the main run is its own columns and
-    # lies in the intervals; the other seed's run lies in them too (two seeds: a wide interval).
+    # README's table, as seeds.md gives it (with the n claims.py reads under it), read by claims.py:
+    # the main run is its own columns and lies in the intervals; the other seed's run lies in them
+    # too (two seeds: a wide interval).
+    assert "\nA new seed's intervals: Student-t, n = 2.\n" in text
     readme = tmp_path / "README.md"
     readme.write_text(text)
     for d, flags, code in ((out, ["--exact"], 0), (out, [], 0), (other, [], 0), (other, ["--exact"], 1)):
