@@ -14,7 +14,8 @@ not checked. By default the run's numbers (the mean of a row; not the "± std" p
 inside the intervals taken together: a run on another CPU, which rounds differently, passes when
 it lands where a new seed would. With 11 numbers each at 95 %, a new seed has one outside its own
 interval often (about 4 times in 10 were they independent), so each interval is widened to a joint
-band that holds all of a new seed's numbers at once at least 95 % of the time (Bonferroni over
+band that holds all of a new seed's numbers at once 95 % of the time for normal numbers (about
+92 % for a skewed distribution; averaged over the tables five seeds can give: Bonferroni over
 the intervals that have a width, with the Student-t n that README states under the table); a
 number outside its own interval but inside the band is printed as a note and passes.
 --exact checks the run's own columns instead: a number may differ by half a unit of its last
@@ -22,11 +23,11 @@ printed digit (the same seed on the same machine gives the same numbers). Both a
 number outside is printed with both values, and the exit code is 1; when all agree, one line says
 so and the exit code is 0.
 Bad input (no table, an unknown or a missing row, a row without one cell per column, a cell
-without its numbers, an interval whose low end is above its high end, a missing or unreadable
-report, a field that is not a number, a flag given twice, a slack that is not a finite number
->= 0, no "Student-t, n = N" after the table) is one line on stderr naming the file and the
-field, exit 2; a number that is not finite in the report always differs. A minus sign may be
-written as prose writes it (−).
+without its numbers, an interval that does not hold its mean, a missing or unreadable report, a
+field that is not a number, a flag given twice, a slack that is not a finite number >= 0, a row
+named twice, no single "Student-t, n = N" under the table) is one line on stderr naming the file
+and the field, exit 2; a number that is not finite in the report always differs. A minus sign
+may be written as prose writes it (−).
 Left out: ANSWER.md's tables (each names the command that made it).
 """
 # Ctrl-C while the imports below load torch (seconds) is one line and exit 130.
@@ -51,11 +52,13 @@ HEADER = ("| metric | pretrained | RLHF actor | a new seed: pretrained | a new s
 # The table's columns -> report.json's policies (the run's own columns, then a new seed's).
 POLICIES = ("pretrained", "rlhf")
 CELLS = 2 * len(POLICIES) + 1
+# More seeds than any table is made from: a larger n is a typo (and t's quantile loses precision).
+MAX_SEEDS = 10000
 
 
 def table_rows(text, where="README"):
     """The rows of README's first table under HEADER: [(row name, [cell] * CELLS)]. ValueError
-    naming `where` and the row when a row has not CELLS value cells."""
+    naming `where` and the row when a row has not CELLS value cells or appears twice."""
     lines = text.splitlines()
     if HEADER not in lines:
         raise ValueError(f"{where} has no table with the header {HEADER!r}")
@@ -68,6 +71,8 @@ def table_rows(text, where="README"):
             raise ValueError(f"{where}: the row {cells[0]!r} has {len(cells) - 1} value cells, not "
                              f"{CELLS} (the run's and a new seed's for {', '.join(POLICIES)}, "
                              "then the sampling s.e.)")
+        if cells[0] in [name for name, _ in rows]:
+            raise ValueError(f"{where}: the row {cells[0]!r} appears twice")
         rows.append((cells[0], cells[1:]))
     return rows
 
@@ -76,7 +81,7 @@ def numbers(cell):
     """The numbers of a cell, as printed: "**2.66** ± 1.17" -> ["2.66", "1.17"]; a minus sign
     (U+2212, as prose writes it) is a minus."""
     text = cell.replace("**", "").replace("\u2212", "-")
-    return re.findall(r"[-+]?\d+(?:\.\d+)?", text)
+    return re.findall(r"[-+]?[0-9]+(?:\.[0-9]+)?", text)
 
 
 def allowed(printed, slack):
@@ -106,21 +111,29 @@ def value(report, policy, column, where):
 
 
 def seeds_of(text, where="README"):
-    """n, the number of seeds a new seed's intervals are over: the first "Student-t, n = N" after
-    the table's header (README's prose under the table says it). ValueError naming `where` when
-    it is missing or below 2."""
-    found = re.search(r"Student-t, n = (\d+)", text[text.find(HEADER):])
-    if not found or int(found.group(1)) < 2:
-        raise ValueError(f"{where} says no \"Student-t, n = N\" (N >= 2) after its first table: "
-                         "the seeds a new seed's intervals are over")
-    return int(found.group(1))
+    """n, the number of seeds a new seed's intervals are over: "Student-t, n = N" in the paragraph
+    right under the table (README's prose says it there; seeds.py writes it there). ValueError
+    naming `where` when it is missing, says two different n, or is outside 2..MAX_SEEDS."""
+    lines = text.splitlines()
+    after = lines[lines.index(HEADER) + 2:]
+    rest = [line for line in after if not line.startswith("|")] if after else []
+    start = next((i for i, line in enumerate(rest) if line.strip()), len(rest))
+    end = next((i for i in range(start, len(rest)) if not rest[i].strip()), len(rest))
+    paragraph = " ".join(rest[start:end])
+    said = {int(n) for n in re.findall(r"Student-t, n = ([0-9]+)", paragraph)}
+    if len(said) != 1 or not 2 <= min(said) <= MAX_SEEDS:
+        raise ValueError(f"{where} says no single \"Student-t, n = N\" (2 <= N <= {MAX_SEEDS}) in "
+                         "the paragraph under its first table: the seeds a new seed's intervals "
+                         f"are over (found: {sorted(said)[:3] or 'none'})")
+    return min(said)
 
 
 def joint_factor(m, n, level=0.95):
     """How much wider than its own 95 % prediction interval each of m intervals over n seeds is
-    made so that a new seed lands inside all m at once at least `level` of the time: Bonferroni,
-    t(1 - (1 - level) / 2m, n - 1) / t(0.975, n - 1). Its coverage is simulated in
-    tests/test_claims.py."""
+    made so that a new seed lands inside all m at once `level` of the time (for normal numbers,
+    averaged over the tables n seeds can give): Bonferroni, t(1 - (1 - level) / 2m, n - 1) /
+    t(0.975, n - 1). Its coverage is simulated in tests/test_claims.py (a skewed distribution's
+    is lower)."""
     if m < 2:
         return 1.0
     return t_quantile(1 - (1 - level) / (2 * m), n - 1) / t_quantile(0.975, n - 1)
@@ -131,9 +144,10 @@ def differences(text, report, slack=0.0, where=("README", "report.json"), exact=
     Default: each row's mean inside a new seed's prediction intervals taken together: each
     interval's two halves widened by joint_factor over the m intervals that have a width (a
     number the same on every seed, KL 0 of the pretrained model, is checked as printed), then
-    each end by half a unit of its last digit and slack; a number inside that band but outside
-    its own 95 % interval passes with a note. exact: the run's own columns, each number within
-    allowed(). where: the names of the README and the report, for the messages."""
+    each end by its printed numbers' rounding (scaled as they are) and slack; a number inside
+    that band but outside its own 95 % interval passes with a note. exact: the run's own
+    columns, each number within allowed(). where: the names of the README and the report, for
+    the messages."""
     checked, lines, notes, intervals = 0, [], [], []
     rows = table_rows(text, where[0])
     missing = [name for name in ROWS if name not in [r[0] for r in rows]]
@@ -149,9 +163,10 @@ def differences(text, report, slack=0.0, where=("README", "report.json"), exact=
             if len(own) != len(columns):
                 raise ValueError(f"{where[0]}: row {name!r}, {policy}: {cells[i]!r} has "
                                  f"{len(own)} numbers, not {len(columns)}")
-            if len(new) != 3 or float(new[1]) > float(new[2]):
+            if len(new) != 3 or not float(new[1]) <= float(new[0]) <= float(new[2]):
                 raise ValueError(f"{where[0]}: row {name!r}, a new seed's {policy}: "
-                                 f"{cells[len(POLICIES) + i]!r} is not \"mean [low, high]\"")
+                                 f"{cells[len(POLICIES) + i]!r} is not \"mean [low, high]\" with "
+                                 "low <= mean <= high")
             if exact:
                 for column, shown in zip(columns, own):
                     actual = value(report, policy, column, where[1])
@@ -170,8 +185,11 @@ def differences(text, report, slack=0.0, where=("README", "report.json"), exact=
     m = sum(float(new[1]) < float(new[2]) for _, new, _ in intervals)
     factor = joint_factor(m, n)
     for label, (mean, low, high), actual in intervals:
-        lo = float(mean) - factor * (float(mean) - float(low)) - allowed(low, slack)
-        hi = float(mean) + factor * (float(high) - float(mean)) + allowed(high, slack)
+        # A band end is (1 - factor)·mean + factor·low: each printed number's rounding, scaled.
+        rounding_lo = (factor - 1) * allowed(mean, 0) + factor * allowed(low, 0)
+        rounding_hi = (factor - 1) * allowed(mean, 0) + factor * allowed(high, 0)
+        lo = float(mean) - factor * (float(mean) - float(low)) - rounding_lo - slack
+        hi = float(mean) + factor * (float(high) - float(mean)) + rounding_hi + slack
         own_lo = float(low) - allowed(low, slack)
         own_hi = float(high) + allowed(high, slack)
         band = (f"a new seed's [{low}, {high}], widened {factor:.2f}x for {m} numbers at once "
