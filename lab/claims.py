@@ -116,15 +116,21 @@ def seeds_of(text, where="README"):
     naming `where` when it is missing, says two different n, or is outside 2..MAX_SEEDS."""
     lines = text.splitlines()
     after = lines[lines.index(HEADER) + 2:]
-    rest = [line for line in after if not line.startswith("|")] if after else []
+    # The table's own rows end at its first line that is not a row.
+    rows = next((i for i, line in enumerate(after) if not line.startswith("|")), len(after))
+    rest = after[rows:]
     start = next((i for i, line in enumerate(rest) if line.strip()), len(rest))
     end = next((i for i in range(start, len(rest)) if not rest[i].strip()), len(rest))
     paragraph = " ".join(rest[start:end])
-    said = {int(n) for n in re.findall(r"Student-t, n = ([0-9]+)", paragraph)}
+    found = sorted(set(re.findall(r"Student-t, n = ([0-9]+)", paragraph)))
+    # An n of more digits than any seed count is too large (int() of thousands of digits is
+    # refused by Python itself).
+    said = {int(n) if len(n) <= 9 else MAX_SEEDS + 1 for n in found}
     if len(said) != 1 or not 2 <= min(said) <= MAX_SEEDS:
+        shown = ", ".join(n if len(n) <= 12 else n[:12] + "..." for n in found[:3]) or "none"
         raise ValueError(f"{where} says no single \"Student-t, n = N\" (2 <= N <= {MAX_SEEDS}) in "
                          "the paragraph under its first table: the seeds a new seed's intervals "
-                         f"are over (found: {sorted(said)[:3] or 'none'})")
+                         f"are over (found: {shown})")
     return min(said)
 
 

@@ -148,7 +148,7 @@ def test_the_joint_factor_is_bonferronis_t_ratio():
 
 
 @pytest.mark.parametrize("change, why", [
-    ("twice", "appears twice"), ("n_twice", "found: [2, 5]"), ("n_huge", "2 <= N <= 10000"),
+    ("twice", "appears twice"), ("n_twice", "found: 2, 5)"), ("n_huge", "2 <= N <= 10000"),
     ("n_before", "found: none"), ("mean_outside", "low <= mean <= high")])
 def test_a_readme_that_would_loosen_the_band_is_refused(run, tmp_path, capsys, change, why):
     """A row given twice (it would raise m and widen every interval), two n or a huge one under the table, an n only
