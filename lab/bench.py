@@ -34,7 +34,7 @@ shorter max_iters shortens the cosine too, and a run is judged at its end. One r
 (tokens = max_iters x batch_size x block_size; seconds: its pretraining time), and
 out/bench_bar.json. A finished run is reused (its seconds are from when it ran) and a killed one
 resumes; --fresh redoes every run of the grid.
-Left out: memory profiles, torch.compile timings (not measured on a CPU),
+Left out: memory profiles, torch.compile timings,
 multi-GPU.
 """
 # Ctrl-C while the imports below load torch (seconds) is one line and exit 130.
