@@ -382,13 +382,33 @@ def fields_only(nodes):
     return bool(body) and all(isinstance(s, ast.AnnAssign) for s in body)
 
 
+# (roots, root) -> (what the answer was read from, with their stat keys; the answer).
+_CODE_OF = {}
+
+
+def read_from(root, files):
+    """The stat keys of the files an answer was read from, of root and of its packages' folders (a
+    module added or removed changes its folder's mtime, and so which module a name resolves to);
+    None when one of the files is gone."""
+    folders = [root] + sorted(e.path for e in os.scandir(root)
+                              if e.is_dir() and os.path.isfile(os.path.join(e.path, "__init__.py")))
+    try:
+        return [_key(f) for f in files] + [_key(d) for d in folders]
+    except FileNotFoundError:
+        return None
+
+
 def code_of(roots, root=ROOT):
     """{"file.py:NAME": hash} of the code reached from `roots`, [(module, name)] (a stage's runner
     and its function): every function, class and constant of the project that they refer to, and
     what those refer to, through the imports of each file, and each of their files' statements
     that act on import (IMPORTED: a call at the top level). A class counts whole (its methods run
     on objects the code only names). Each hash is `code_digest`'s, so a comment, a docstring or
-    the layout never changes it; config dataclasses are left out (`fields_only`)."""
+    the layout never changes it; config dataclasses are left out (`fields_only`). The answer is
+    kept while none of the files it was read from, nor root's folders, has changed."""
+    cached = _CODE_OF.get((tuple(roots), root))
+    if cached is not None and read_from(root, cached[0]) == cached[1]:
+        return dict(cached[2])
     seen, todo = set(), list(roots)
     while todo:
         piece = todo.pop()
@@ -412,4 +432,6 @@ def code_of(roots, root=ROOT):
             body = ast.Module(body=[copy.deepcopy(n) for n in nodes], type_ignores=[])
             _DIGESTS[key] = code_digest(body)
         out[f"{os.path.relpath(key[0], root)}:{name}"] = _DIGESTS[key]
+    files = sorted({module_path(root, module) for module, _ in seen})
+    _CODE_OF[(tuple(roots), root)] = (files, read_from(root, files), dict(out))
     return out

@@ -96,6 +96,22 @@ def test_each_stage_hashes_the_code_it_runs_and_no_more(tmp_path, edits, changed
     assert moved == changed
 
 
+def test_a_file_edited_after_its_stage_was_hashed_in_this_process_changes_the_hash(tmp_path):
+    """code_of keeps its answer between calls in a process (ablate hashes the PPO stage for every run): an edit made
+    after the first call, in the same process, is still seen, and undoing it gives the first answer back."""
+    code = code_copy(tmp_path, {})
+    ppo = stages.BY_NAME["ppo"]
+    first = stages.code_of(ppo, code)
+    assert stages.code_of(ppo, code) == first
+    kl = tmp_path / "code" / "kl.py"
+    text = kl.read_text()
+    kl.write_text(new_statement(text))
+    edited = stages.code_of(ppo, code)
+    assert edited != first and edited["kl.py:<module>"] != first["kl.py:<module>"]
+    kl.write_text(text)
+    assert stages.code_of(ppo, code) == first
+
+
 def run_train(code, argv):
     p = subprocess.run([sys.executable, "train.py", *argv], cwd=code, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stderr
