@@ -23,3 +23,19 @@ def run(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("smoke"))
     train.main(["--preset=smoke", f"--out_dir={out}"])
     return out
+
+
+# The smoke preset made smaller still, for tests that build whole pipelines of their own to check
+# how state behaves (kills, resumes, deleted files, reseeds, other models), not how well a model
+# learns: 40 pretraining iterations instead of 150, 200 preference pairs, one reward epoch.
+TINY = ["--preset=smoke", "--max_iters=40", "--eval_interval=20", "--n_pairs=200", "--rm_epochs=1",
+        "--n_samples=8"]
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory):
+    """One full `python train.py` run under TINY, shared by the tests that build pipelines."""
+    import train
+    out = str(tmp_path_factory.mktemp("tiny"))
+    train.main(TINY + [f"--out_dir={out}"])
+    return out

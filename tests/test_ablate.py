@@ -7,12 +7,13 @@ import train
 from lab import ablate, tables
 from machinery import provenance, stages, store
 from machinery.config import flat
+from conftest import TINY
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_every_condition_appears_with_finite_values_and_finished_runs_are_reused(run):
-    argv = ["--preset=smoke", f"--out_dir={run}", "--quick", "--ppo_iters=2", "--n_eval=8"]
+    argv = ["--preset=smoke", f"--out_dir={run}", "--quick", "--ppo_iters=2", "--n_eval=8", "--jobs=1"]
     ablate.main(argv)
     adir = os.path.join(run, "ablate_quick")          # --quick's own folder: it never replaces main-budget runs
     assert not os.path.exists(os.path.join(run, "ablate"))
@@ -157,10 +158,11 @@ def test_the_models_table_takes_each_models_mean_as_the_unit():
     assert "| 0.50 / 0.50 | - / 0.500 | -2.00 / -0.50 |" in md
 
 
-def test_the_models_suite_runs_each_condition_on_another_pretrained_model(run):
-    """Through ablate.py on the smoke run: no_kl and adaptive on the main model and on model2 (its own base,
+def test_the_models_suite_runs_each_condition_on_another_pretrained_model(tiny_run):
+    """Through ablate.py on the tiny smoke run: no_kl and adaptive on the main model and on model2 (its own base,
     reseeded), each model's pretrained model scored, and the models table beside the main table."""
-    ablate.main(["--preset=smoke", f"--out_dir={run}", "--ppo_iters=1", "--rollout_batch=8", "--n_eval=8",
+    run = tiny_run
+    ablate.main([*TINY, f"--out_dir={run}", "--ppo_iters=1", "--rollout_batch=8", "--n_eval=8",
                  "--bestofk_n=4", "--jobs=1", "--seeds=2", "--subdir=models_t",
                  "--conditions=no_kl,adaptive,no_kl_model2,adaptive_model2"])
     adir = os.path.join(run, "models_t")

@@ -16,6 +16,7 @@ from ref import load_reference
 from machinery import stages, state, store
 from machinery.state import load_checkpoint
 from test_state import SMOKE, copy_run, hashes, refused
+from conftest import TINY
 
 T = 0.7
 
@@ -243,18 +244,19 @@ def test_a_fraction_of_an_epoch_is_allowed_and_the_split_is_the_reward_model_s(r
     assert len(train_split) == store.load_json(os.path.join(run, "reward.json"))["n_train"]
 
 
-def test_the_suite_draws_each_arm_s_curve_from_the_start_and_reuses_finished_runs(run, tmp_path):
+def test_the_suite_draws_each_arm_s_curve_from_the_start_and_reuses_finished_runs(tiny_run, tmp_path):
     """lab.dpo_suite on a copy of the smoke run: a DPO, a no-reference and a PPO arm over 2 seeds, each
     trajectory starting at the pretrained model (KL 0) and ending at the run's last evaluation; the tables name
     every arm with a Student-t interval; --models runs them on a reseeded pretrained model too, read with the model
     as the unit; the same command again reuses every run; with the run folders gone, it restores every run from
     where they were kept (--kept) and writes the same tables."""
     from lab import dpo_suite
-    out = copy_run(run, tmp_path)
+    out = copy_run(tiny_run, tmp_path)
     kept = tmp_path / "kept"
-    argv = SMOKE + [f"--out_dir={out}", "--arms=dpo_0.1,noref_0.1,ppo_adaptive,dpo_1", "--seeds=2", "--jobs=1",
-                    "--dpo_epochs=0.2", "--ppo_iters=2", "--dpo_eval_every=2", "--eval_every=1", "--eval_n=8", "--n_eval=8",
-                    "--bon=2x4", "--models=model2", f"--kept={kept}"]
+    # 0.6 epochs of the tiny run's 150 training pairs: 3 steps of 32, as 0.2 of the smoke run's 450 give.
+    argv = TINY + [f"--out_dir={out}", "--arms=dpo_0.1,noref_0.1,ppo_adaptive,dpo_1", "--seeds=2", "--jobs=1",
+                   "--dpo_epochs=0.6", "--ppo_iters=2", "--dpo_eval_every=2", "--eval_every=1", "--eval_n=8", "--n_eval=8",
+                   "--bon=2x4", "--models=model2", f"--kept={kept}"]
     dpo_suite.main(argv)
     adir = os.path.join(out, "dpo_suite")
     result = store.load_json(os.path.join(adir, "dpo.json"))

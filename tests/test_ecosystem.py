@@ -12,27 +12,27 @@ from machinery import records, store
 from test_state import SMOKE, hashes, refused
 
 
-def test_a_run_rerun_from_its_config_json_makes_the_same_run(run, tmp_path, capsys):
+def test_a_run_rerun_from_its_config_json_makes_the_same_run(tiny_run, tmp_path, capsys):
     """--config=out/config.json into a new folder: every stage's record holds the config the first run's holds,
     and every checkpoint is the same file (here with --deterministic too: the CPU's kernels are deterministic
     already, so the switch changes no number). On the run's own folder the same command keeps every stage."""
     out = str(tmp_path / "again")
     try:
-        train.main([f"--config={run}/config.json", f"--out_dir={out}", "--deterministic"])
+        train.main([f"--config={tiny_run}/config.json", f"--out_dir={out}", "--deterministic"])
     finally:
         torch.use_deterministic_algorithms(False)
-    first, again = (records.load_records(d) for d in (run, out))
+    first, again = (records.load_records(d) for d in (tiny_run, out))
     for name, rec in first.items():
         other = {k: v for k, v in rec["config"].items() if k != "deterministic"}
         assert {k: v for k, v in again[name]["config"].items() if k != "deterministic"} == other, name
     assert again["pretrain"]["config"]["deterministic"] is True
     for n in ("pretrain.pt", "ref.pt", "prefs.jsonl", "reward.pt", "actor.pt", "critic.pt"):
-        assert store.file_hash(os.path.join(out, n)) == store.file_hash(os.path.join(run, n)), n
+        assert store.file_hash(os.path.join(out, n)) == store.file_hash(os.path.join(tiny_run, n)), n
     capsys.readouterr()
-    before = hashes(run)
-    train.main([f"--config={run}/config.json"])
+    before = hashes(tiny_run)
+    train.main([f"--config={tiny_run}/config.json"])
     assert capsys.readouterr().out.count("done with this config, kept") == 7
-    assert {k: v for k, v in hashes(run).items() if not k.endswith(("config.json", "timings.json"))} == \
+    assert {k: v for k, v in hashes(tiny_run).items() if not k.endswith(("config.json", "timings.json"))} == \
         {k: v for k, v in before.items() if not k.endswith(("config.json", "timings.json"))}
 
 

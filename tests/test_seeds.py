@@ -1,5 +1,5 @@
-"""seeds.py: the main pipeline under other seeds. On a copy of the smoke run (seed 1337, kept as it
-is) and one more seed: the other seed's pipeline is reseeded from its world on, the table's mean and
+"""seeds.py: the main pipeline under other seeds. On a copy of the tiny smoke run (seed 1337, kept as
+it is) and one more seed: the other seed's pipeline is reseeded from its world on, the table's mean and
 min-max and prediction interval are those of the runs' own report.json, README's table written from
 them passes lab.claims (both modes) against the main run and, in the default mode, against the other
 seed's run, a second command makes nothing again, bad --seeds is one line and exit 2."""
@@ -10,13 +10,14 @@ import pytest
 from lab import claims, seeds
 from lab.tables import t_prediction
 from machinery import store
+from conftest import TINY
 
 
-def test_another_seed_reseeds_the_world_and_the_table_is_the_runs(run, tmp_path, capsys):
+def test_another_seed_reseeds_the_world_and_the_table_is_the_runs(tiny_run, tmp_path, capsys):
     out = str(tmp_path / "out")
-    shutil.copytree(run, out)
+    shutil.copytree(tiny_run, out)
     main_report = store.file_hash(os.path.join(out, "report.json"))
-    seeds.main(["--seeds=1337,1338", "--preset=smoke", f"--out_dir={out}"])
+    seeds.main(["--seeds=1337,1338", *TINY, f"--out_dir={out}"])
     other = os.path.join(out, "seeds", "seed1338")
     # The main seed is the run already there; the other has a world of its own.
     assert store.file_hash(os.path.join(out, "report.json")) == main_report
@@ -52,7 +53,7 @@ def test_another_seed_reseeds_the_world_and_the_table_is_the_runs(run, tmp_path,
     # Again: every stage of both seeds kept.
     before = store.file_hash(os.path.join(other, "report.json"))
     capsys.readouterr()
-    seeds.main(["--seeds=1337,1338", "--preset=smoke", f"--out_dir={out}"])
+    seeds.main(["--seeds=1337,1338", *TINY, f"--out_dir={out}"])
     assert "---- stage ppo: done with this config, kept ----" in capsys.readouterr().out
     assert store.file_hash(os.path.join(other, "report.json")) == before
 

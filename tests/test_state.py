@@ -1,5 +1,6 @@
 """State that cannot go stale or be lost: stage records, the lock, atomic writes, kill and resume, bad input.
-Each probe works on a copy of the smoke run (the `run` fixture), through train.main as `python train.py` runs it."""
+Each probe works on a copy of the smoke run (the `run` fixture; `tiny_run`, smaller, where a probe builds whole
+pipelines), through train.main as `python train.py` runs it."""
 import os, shutil, signal, subprocess, sys, threading
 import pytest
 import torch
@@ -7,6 +8,7 @@ import train
 from lab import inspect_page
 from machinery import stages, store
 from machinery.errors import RunError
+from conftest import TINY
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMOKE = ["--preset=smoke"]
@@ -121,17 +123,17 @@ MADE_BY = {"tokenizer.bpe": "world", "pretrain.pt": "pretrain", "ref.pt": "refer
 
 
 @pytest.mark.parametrize("name", sorted(MADE_BY))
-def test_a_deleted_input_is_redone_with_one_line_naming_it(run, tmp_path, capsys, name):
+def test_a_deleted_input_is_redone_with_one_line_naming_it(tiny_run, tmp_path, capsys, name):
     """A file a later stage reads, deleted from a finished run: the stage that makes it is redone (and what follows),
     with one line naming the file, never a traceback from hashing it as a later stage's input."""
-    out = copy_run(run, tmp_path)
+    out = copy_run(tiny_run, tmp_path)
     os.remove(os.path.join(out, name))
-    train.main(SMOKE + [f"--out_dir={out}"])
+    train.main(TINY + [f"--out_dir={out}"])
     said = capsys.readouterr().out
     assert f"---- stage {MADE_BY[name]}: {name} is missing: redone ----" in said
     assert os.path.exists(os.path.join(out, name)) and os.path.exists(os.path.join(out, "report.json"))
     if name == "ref.pt":
-        assert numbers(out) == numbers(run)
+        assert numbers(out) == numbers(tiny_run)
 
 
 def test_a_damaged_output_says_so_as_it_is_redone(run, tmp_path, capsys):
@@ -292,16 +294,16 @@ def _run_until(argv, marker, sig):
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
-def test_killed_twice_and_rerun_ends_as_if_never_interrupted(run, tmp_path):
+def test_killed_twice_and_rerun_ends_as_if_never_interrupted(tiny_run, tmp_path):
     """Ctrl-C in pretraining, kill -9 in PPO, then the same command: the numbers of an uninterrupted run."""
-    argv = SMOKE + [f"--out_dir={tmp_path}", f"--threads={torch.get_num_threads()}"]
-    rc, err = _run_until(argv, "iter 100/150", signal.SIGINT)
+    argv = TINY + [f"--out_dir={tmp_path}", f"--threads={torch.get_num_threads()}"]
+    rc, err = _run_until(argv, "iter 20/40", signal.SIGINT)
     assert rc == 130 and err.startswith("error: interrupted") and err.count("\n") == 1
     rc, _ = _run_until(argv, "iter 2/3", signal.SIGKILL)
     assert rc == -signal.SIGKILL and os.path.exists(tmp_path / "ppo_state.pt")
     p = subprocess.run([sys.executable, "train.py", *argv], cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0 and "ppo: resuming" in p.stdout and "stage pretrain: done" in p.stdout
-    assert numbers(str(tmp_path)) == numbers(run)
+    assert numbers(str(tmp_path)) == numbers(tiny_run)
 
 
 # ---- read-only stages: state stays true ----
