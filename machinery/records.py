@@ -405,7 +405,7 @@ def code_of(roots, root=ROOT):
     that act on import (IMPORTED: a call at the top level). A class counts whole (its methods run
     on objects the code only names). Each hash is `code_digest`'s, so a comment, a docstring or
     the layout never changes it; config dataclasses are left out (`fields_only`). The answer is
-    kept while none of the files it was read from, nor root's folders, has changed."""
+    kept while none of the files it was read from, nor the package folders, has changed."""
     cached = _CODE_OF.get((tuple(roots), root))
     if cached is not None and read_from(root, cached[0]) == cached[1]:
         return dict(cached[2])
@@ -433,5 +433,8 @@ def code_of(roots, root=ROOT):
             _DIGESTS[key] = code_digest(body)
         out[f"{os.path.relpath(key[0], root)}:{name}"] = _DIGESTS[key]
     files = sorted({module_path(root, module) for module, _ in seen})
-    _CODE_OF[(tuple(roots), root)] = (files, read_from(root, files), dict(out))
+    keys = read_from(root, files)
+    # A file gone since it was read: nothing to compare a later call with, so nothing kept.
+    if keys is not None:
+        _CODE_OF[(tuple(roots), root)] = (files, keys, dict(out))
     return out
