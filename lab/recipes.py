@@ -21,7 +21,7 @@ if __name__ == "__main__":
 import glob, os, re, shutil, subprocess, sys
 
 import train
-from machinery import provenance, store
+from machinery import provenance, stages, store
 from machinery.config import check_once, override
 from machinery.errors import RunError, die, run_main
 
@@ -37,10 +37,12 @@ RECIPES = {
     "per_token_mean_fixed_0.8": (MEAN, ["--kl_ctl=fixed", "--init_kl_coef=0.8"]),
     "length_reward": ([("ppo.py", "make_experience")], []),
 }
-# The main run's files a recipe run starts from (the ppo and report stages are redone).
-KEEP = ["world.json", "train.txt", "val.txt", "train.bin", "val.bin", "tokenizer.bpe",
-        "prompts.json", "pretrain.pt", "pretrain.json", "ref.pt", "prefs.jsonl", "reward.pt",
-        "reward.json", "stages.json", "timings.json"]
+# The main run's files a recipe run starts from: every output of the stages `python train.py` runs
+# before ppo (a missing one would make train.py redo its stage, pretraining included) and the
+# records; the ppo and report stages are redone.
+FIRST_REDONE = [st.name for st in stages.STAGES].index("ppo")
+KEEP = [n for st in stages.STAGES[:FIRST_REDONE] if not st.optional for n in st.outputs]
+KEEP += ["stages.json", "timings.json"]
 
 
 def blocks(readme):

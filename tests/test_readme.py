@@ -191,6 +191,29 @@ def test_each_measured_recipe_applies_to_a_copy_of_the_code(tmp_path):
         measured.apply(str(tmp_path / "as_is"), stale)
 
 
+def test_a_recipe_run_starts_from_the_main_runs_stages_and_redoes_only_ppo_and_report(
+        tiny_run, tmp_path):
+    import json
+    from conftest import TINY
+    from lab import recipes as measured
+    flags = TINY + [f"--out_dir={tiny_run}"]
+    row = measured.run_recipe("as_is", [], tiny_run, str(tmp_path / "as_is"), flags)
+    out = tmp_path / "as_is" / "out"
+    # Each stage before ppo is the main run's, restored by its record, not made again: its
+    # seconds in timings.json are the main run's (a stage redone would write its own).
+    with open(os.path.join(tiny_run, "timings.json")) as f:
+        main_times = json.load(f)
+    with open(out / "timings.json") as f:
+        times = json.load(f)
+    for name in ["world", "pretrain", "reference", "preferences", "reward"]:
+        assert times[name] == main_times[name], f"the recipe run redid the {name} stage"
+    assert not (out / "pretrain_ckpt.pt").exists()
+    # The code as it is gives the main run's numbers again.
+    with open(os.path.join(tiny_run, "report.json")) as f:
+        report = json.load(f)["rlhf"]
+    assert (row["gold"], row["kl"]) == (report["gold_mean"], report["kl"])
+
+
 def test_the_checkers_fail_on_stale_text():
     stale = "| 1 | `ppo.py` | 3 | `train_ppo`, `no_such_function` |\n| `options/grpo.py` | 1 | x | `advantages` |\n"
     assert file_rows(stale) == [("ppo.py", 3, ["train_ppo", "no_such_function"]),
