@@ -164,7 +164,7 @@ def plot(curves, png):
 def trajectory(rows, start):
     """A run's evaluations from its metrics rows: lists kl, gold, proxy (gains over `start`, the
     pretrained model's evaluation on the same stream), length (response tokens) and wellformed
-    (the rate), beginning at the pretrained model (KL 0)."""
+    (the rate), beginning at the pretrained model (KL 0); start_gold is that evaluation's gold."""
     evals = [start] + [r for r in rows if "eval/kl" in r]
     kl = [0.0] + [r["eval/kl"] for r in evals[1:]]
     gold = [r["eval/gold_mean"] - start["eval/gold_mean"] for r in evals]
@@ -172,7 +172,7 @@ def trajectory(rows, start):
     length = [r["eval/response_length"] for r in evals]
     wellformed = [r["eval/wellformed_rate"] for r in evals]
     return dict(kl=kl, gold=gold, proxy=proxy, length=length, wellformed=wellformed,
-                iters=[0] + [r["iter"] for r in evals[1:]])
+                iters=[0] + [r["iter"] for r in evals[1:]], start_gold=start["eval/gold_mean"])
 
 
 def bon_curve(pool, ns):

@@ -447,10 +447,20 @@ def stop_section(trajs, rows, stops, free, res):
     start = {r["seed"]: r["gold_mean"] for r in rows if r["condition"] == "pretrained"}
     if not any(r["condition"] in stops and r["seed"] in start for r in rows):
         return []
+    # The pretrained model's gold on the two streams of a seed: the final evaluation's and the
+    # one the during-PPO evaluations use (overopt.trajectory's start_gold).
+    streams = {s: (start[s], t["start_gold"]) for s, t in trajs.get(free, {}).items()
+               if s in start and "start_gold" in t}
+    gap = ""
+    if streams:
+        far = max(streams, key=lambda s: abs(streams[s][0] - streams[s][1]))
+        gap = (f": the pretrained model's two 200-sample streams differ by up to "
+               f"{abs(streams[far][0] - streams[far][1]):.2f} gold, {streams[far][0]:.2f} on the "
+               f"final evaluation's and {streams[far][1]:.2f} on the evaluations' for seed {far}")
     lines = ["\n## Stopping at a KL budget (--stop_kl, β = 0), final evaluation\n",
              "The actor kept (the last whose rollout was under the budget) on the final "
              "evaluation's samples; gold gain over the pretrained model's final evaluation on the "
-             "same stream (paired by seed: two 200-sample streams differ by up to 0.3 gold); "
+             f"same stream (paired by seed{gap}); "
              f"mean [Student-t 95 % interval] over seeds. `same as {free}` "
              f"counts the seeds whose during-PPO evaluations equal the β = 0 run's first ones "
              "(the same training up to the stop).\n",

@@ -199,6 +199,22 @@ def test_a_stopped_run_is_counted_as_the_unpenalised_runs_prefix_only_when_it_is
     assert res["stops"]["stop_2"]["gain"] == pytest.approx([0.5, 0.1])
 
 
+def test_the_stop_table_says_how_far_apart_the_pretrained_models_two_streams_are():
+    # Seed 2's streams are the farther apart (0.6 on the final evaluation's, 0.25 on the others').
+    free = {1: dict(traj([1.0], [0.4]), start_gold=0.45),
+            2: dict(traj([1.5], [0.3]), start_gold=0.25)}
+    rows = [dict(condition="pretrained", seed=1, gold_mean=0.5),
+            dict(condition="pretrained", seed=2, gold_mean=0.6),
+            dict(condition="stop_2", seed=1, gold_mean=1.0, kl=1.9)]
+    lines = tables.stop_section({"free": free}, rows, {"stop_2": 2}, "free", empty())
+    assert ("streams differ by up to 0.35 gold, 0.60 on the final evaluation's and 0.25 on the "
+            "evaluations' for seed 2" in "".join(lines))
+    # A trajectory read from a run's metrics carries its start's gold.
+    start = {"eval/gold_mean": 0.7, "eval/proxy_mean": 0.1, "eval/kl": 0.0,
+             "eval/response_length": 9.0, "eval/wellformed_rate": 1.0}
+    assert overopt.trajectory([], start)["start_gold"] == 0.7
+
+
 def test_over_pretrained_models_the_unit_is_each_models_mean():
     res = dict(pairs={"a - f": dict(d_frontier=[1.0, 2.0, 3.0]),
                       "b - g": dict(d_frontier=[0.0, 1.0])})
