@@ -32,7 +32,7 @@ from torch.nn import functional as F
 from model import response_logits, token_logprobs
 from reward import split_pairs
 from sequences import encode_prompts
-from machinery import evaluate, optim, state, store
+from machinery import evaluate, optim, progress, state, store, tblog
 from machinery.config import arg
 
 
@@ -51,12 +51,29 @@ class DPOConfig:
     dpo_eval_every: int = arg(0, ">=0", "steps between held-out evaluations of --eval_n samples "
                               "(eval/ columns of dpo_metrics.jsonl; 0 = off)")
     dpo_save_every: int = arg(50, ">0", "steps between resumable states (dpo_state.pt)")
+    # A step is 64 sequences forward and backward, some 0.5 s at the default on 2 cores (estimated
+    # from pretraining's 0.3 s an iteration of 32 x 128 tokens): a line every 5 s or so.
+    dpo_log_every: int = arg(10, ">0", "steps between log lines (loss, margins, accuracy, eta; "
+                             "the last step prints one too); display only, the run is the same")
+
+
+# The loss is fp32: β·h and IPO's (h - 1/(2τ))² must stay finite and meaningful for any margin a
+# response of --response_length tokens can have (|h| is at most some 10^4 nats), so β is at most
+# 10^6 and τ at least 10^-6 (a target of 5·10^5 nats, beyond any margin already).
+MAX_BETA = 1e6
+MIN_TAU = 1e-6
 
 
 def check(cfg):
     """Why the DPO settings cannot work, in one line; None when they can (train.parse)."""
     if cfg.run.stage == "dpo" and int(os.environ.get("WORLD_SIZE", 1)) > 1:
         return "--stage=dpo runs on one process: run it with python, not torchrun"
+    if cfg.dpo.dpo_beta > MAX_BETA:
+        return (f"--dpo_beta={cfg.dpo.dpo_beta} is above {MAX_BETA:g}: β·h would leave fp32's "
+                "range (the loss is then a step at h = 0, or infinite)")
+    if cfg.dpo.ipo_tau < MIN_TAU:
+        return (f"--ipo_tau={cfg.dpo.ipo_tau} is below {MIN_TAU:g}: the margin's target 1/(2τ) "
+                "would leave fp32's range, far past any margin a response can have")
     n_train = cfg.reward.n_pairs - max(1, int(cfg.reward.n_pairs * cfg.reward.rm_val_frac))
     if cfg.dpo.dpo_batch_size > n_train:
         return (f"--dpo_batch_size={cfg.dpo.dpo_batch_size} is more than the {n_train} training "
@@ -96,19 +113,26 @@ def pair_logprobs(lp):
 
 
 @torch.no_grad()
-def all_pair_logprobs(model, enc, pairs, temperature, batch=64):
-    """`model`'s sequence log-probs of every pair, (n, 2): chosen, rejected; in batches."""
+def all_pair_logprobs(model, enc, pairs, temperature, batch=64, label=""):
+    """`model`'s sequence log-probs of every pair, (n, 2): chosen, rejected; in batches. With a
+    label, a terminal shows `label: done/n pairs` meanwhile (progress.counter)."""
     out = []
+    t0 = time.time()
     for i in range(0, len(pairs), batch):
+        if label:
+            progress.counter(label, i, len(pairs), "pairs", t0)
         q, qm, resp, mask = pair_tensors(enc, pairs[i:i + batch])
         out.append(pair_logprobs(sequence_logprobs(model, q, qm, resp, mask, temperature)))
+    if label:
+        progress.counter(label, len(pairs), len(pairs), "pairs", t0)
     return torch.cat(out)  # (n, 2)
 
 
 def reference_logprobs(ref, enc, pairs, temperature):
     """The reference's sequence log-probs of every pair, (n, 2): chosen, rejected. Computed once,
-    by sequence_logprobs, as the policy's are."""
-    return all_pair_logprobs(ref.model, enc, pairs, temperature)
+    by sequence_logprobs, as the policy's are (10,800 training pairs at the default: a terminal
+    counts them)."""
+    return all_pair_logprobs(ref.model, enc, pairs, temperature, label="dpo: reference log-probs")
 
 
 def margins(policy, reference, cfg):
@@ -165,21 +189,27 @@ def train_dpo(actor, ref, rm, enc, pairs, cfg, run_dir, stamp, log, heldout, spl
     split (split_seed: the seed the reward model was trained under), in batches drawn from a
     generator of --seed; the actor trained in place. Writes
     run_dir/dpo_metrics.jsonl as it goes and run_dir/dpo_state.pt every dpo_save_every steps, so a
-    killed run resumes to an uninterrupted run's numbers. rm: the proxy of --dpo_eval_every's
+    killed run resumes to an uninterrupted run's numbers; a line to `log` every dpo_log_every
+    steps. rm: the proxy of --dpo_eval_every's
     evaluations. Returns (metrics, held-out pairs)."""
     run, dc = cfg.run, cfg.dpo
     val, train = split_pairs(pairs, cfg.reward.rm_val_frac, np.random.default_rng(split_seed))
     cached = reference_logprobs(ref, enc, train, run.temperature)  # (n, 2)
     opt = optim.adamw([p for p in actor.parameters() if p.requires_grad], dc.dpo_lr,
                       weight_decay=0.0)
-    guard = optim.StepGuard("DPO")
+    guard = optim.StepGuard("DPO", "lower --dpo_lr, or --dpo_beta (raise --ipo_tau)")
     gen = torch.Generator().manual_seed(run.seed)
     per_epoch = math.ceil(len(train) / dc.dpo_batch_size)
     steps = max(1, math.ceil(dc.dpo_epochs * per_epoch))
     state_path = os.path.join(run_dir, "dpo_state.pt")
     metrics_path = os.path.join(run_dir, "dpo_metrics.jsonl")
     metrics, start, order = state.load_dpo_state(state_path, stamp, log, actor, opt, guard, gen)
+    # The log as the state has it: a kill after the last step leaves no step to write it.
+    if metrics:
+        store.save_json(metrics_path, metrics, lines=True)
     t0 = time.time() - (metrics[-1]["time/elapsed"] if metrics else 0.0)
+    # --log_to=tensorboard: this process's rows, as they come, in run_dir/tb/dpo/ too.
+    board = tblog.open_log(run.log_to, run_dir, "dpo", start + 1)
     # Dropout off, as in PPO; gradients still flow.
     actor.eval()
     for step in range(start, steps):
@@ -202,10 +232,15 @@ def train_dpo(actor, ref, rm, enc, pairs, cfg, run_dir, stamp, log, heldout, spl
             row.update(evaluate.during_ppo(actor, enc, heldout, run, ref, rm, cfg.eval))
         metrics.append(row)
         store.save_json(metrics_path, metrics, lines=True)
-        if (step + 1) % dc.dpo_save_every == 0 or step + 1 == steps:
+        tblog.write(board, row, "step")
+        # Every dpo_log_every steps and at the last, from the row: nothing computed for it.
+        if (step + 1) % dc.dpo_log_every == 0 or step + 1 == steps:
+            left = progress.fmt_time(progress.eta(t0, step + 1, steps))
             log(f"dpo step {step + 1}/{steps} | loss {row['loss']:.3f} | margins "
                 f"{row['rewards/margins']:+.3f} | acc {row['rewards/accuracies']:.2f} | "
-                f"logp chosen {row['logps/chosen']:.1f}")
+                f"logp chosen {row['logps/chosen']:.1f} | eta {left}")
+        if (step + 1) % dc.dpo_save_every == 0 or step + 1 == steps:
             state.save_dpo_state(state_path, stamp, step + 1, metrics, actor, opt, guard, gen,
                                  order)
+    tblog.close(board)
     return metrics, val

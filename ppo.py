@@ -40,7 +40,7 @@ from model import entropy_from_logits, response_logits, token_logprobs
 from ref import check_starts_at
 from reward import gold_scores, response_values, score as reward_score
 from sequences import encode_prompts, join_tokens, masked_mean, response_mask
-from machinery import dist, evaluate, optim, state, store
+from machinery import dist, evaluate, optim, state, store, tblog
 from machinery.config import arg
 from machinery.precision import cast_once
 from options import anchors, grpo, rollback
@@ -435,6 +435,8 @@ def train_ppo(actor, critic, ref, rm, enc, prompts, cfg, run_dir, stamp, log=say
     if metrics and dist.is_main():
         store.save_json(metrics_path, metrics, lines=True)
     t0 = time.time() - (metrics[-1]["time/elapsed"] if metrics else 0.0)
+    # --log_to=tensorboard: this process's rows, as they come, in run_dir/tb/ppo/ too.
+    board = tblog.open_log(run.log_to, run_dir, "ppo", start + 1)
     # ---- ppo loop ----
     for it in range(start, pc.ppo_iters):
         t_it = time.time()
@@ -464,6 +466,7 @@ def train_ppo(actor, critic, ref, rm, enc, prompts, cfg, run_dir, stamp, log=say
         metrics.append(dist.reduce_row(row, same=SAME, summed=SUMMED, maxed=MAXED))
         if dist.is_main():
             store.save_json(metrics_path, metrics, lines=True)
+        tblog.write(board, metrics[-1], "iter")
         eta = (time.time() - t0) / (it + 1) * (pc.ppo_iters - it - 1)
         log(log_line(row, pc.ppo_iters, eta))
         # 6. save
@@ -473,4 +476,5 @@ def train_ppo(actor, critic, ref, rm, enc, prompts, cfg, run_dir, stamp, log=say
     if limit is not None and limit.stopped:
         state.save_ppo_state(*saved, pc.ppo_iters, metrics, **trained)
         log(limit.stop_line())
+    tblog.close(board)
     return metrics, kl_ctl.value

@@ -49,6 +49,17 @@ def save_reference(pretrain_path, ref_path):
     return model
 
 
+def check_copy(pretrain_path, ref_path):
+    """Before a stage that reads ref.pt removes anything: ref.pt holds the weights of pretrain.pt,
+    bit for bit, as the reference stage wrote them. RunError (exit 2) naming the first tensor that
+    differs: a stale or edited ref.pt (whatever stages.json says of it)."""
+    change = first_change(load_checkpoint(ref_path)[0].state_dict(),
+                          load_checkpoint(pretrain_path)[0].state_dict())
+    if change:
+        raise RunError(f"{ref_path} is not the frozen copy of {pretrain_path}: {change}; redo it "
+                       "with --stage=reference (and what follows), or --fresh")
+
+
 def load_reference(ref_path, device):
     """A run's reference: ref.pt's model, frozen where it was loaded (the one copy there is)."""
     model, _ = load_checkpoint(ref_path, device)
@@ -127,11 +138,11 @@ def first_change(now, expected):
     return None
 
 
-def check_unchanged(ref, expected):
-    """After PPO: the tensors the reference scored with are bit for bit `expected`, what ref.pt
-    gives through the same build (options/cheap_ref.as_built). RunError (exit 1) naming the first
-    that is not: the run's KL was paid to another model than π_ref."""
+def check_unchanged(ref, expected, during="PPO"):
+    """After PPO (or DPO: `during`): the tensors the reference scored with are bit for bit
+    `expected`, what ref.pt gives through the same build (options/cheap_ref.as_built). RunError
+    (exit 1) naming the first that is not: the run's KL was paid to another model than π_ref."""
     change = first_change(ref.state(), expected)
     if change:
-        raise RunError(f"the reference changed during PPO: {change} than ref.pt gives (a frozen "
-                       "model was written to); nothing of this run is kept", 1)
+        raise RunError(f"the reference changed during {during}: {change} than ref.pt gives (a "
+                       "frozen model was written to); nothing of this run is kept", 1)

@@ -24,7 +24,7 @@ from torch.nn import functional as F
 import data
 from model import GPT, GPTConfig, response_hidden
 from sequences import encode_prompts, join_tokens, pad_left, response_mask
-from machinery import dist, store
+from machinery import dist, progress, store, tblog
 from machinery.config import arg
 from machinery.optim import StepGuard, adamw
 from machinery.precision import cast_once
@@ -40,6 +40,10 @@ class RewardConfig:
     rm_lr: float = arg(1e-3, ">0")
     rm_batch_size: int = arg(32, ">0")
     rm_val_frac: float = arg(0.1, "(0,1)", "held-out pairs for the accuracies")
+    # The reward stage takes 59 s for its 676 steps at the default on 2 cores (docs/speed.md): a
+    # line every 4 s or so.
+    rm_log_every: int = arg(50, ">0", "steps between log lines (loss, accuracy, eta; each epoch "
+                            "prints its held-out line too); display only, the model is the same")
 
 
 @torch.no_grad()
@@ -190,11 +194,22 @@ def held_out(rm, val, pad_id):
                 acc_gold=((rc - rr)[decided] * gold_diff[decided] > 0).float().mean().item())
 
 
-def train_reward_model(lm, pairs, cfg, pad_id, seed=0, log=print):
+def log_line(recent, steps, t0):
+    """The line every rm_log_every steps: the last step of `steps`, the mean loss and accuracy of
+    the `recent` rows, the milliseconds per step since t0 and the time left."""
+    done = recent[-1]["step"]
+    loss = np.mean([r["loss"] for r in recent])
+    accuracy = np.mean([r["accuracy"] for r in recent])
+    ms = (time.time() - t0) / done * 1e3
+    return (f"reward model step {done}/{steps} | bt loss {loss:.3f} | acc {accuracy:.2f} | "
+            f"{ms:.0f} ms/step | eta {progress.fmt_time(progress.eta(t0, done, steps))}")
+
+
+def train_reward_model(lm, pairs, cfg, pad_id, seed=0, log=print, board=None):
     """pairs: list of dicts with token lists `chosen`, `rejected` and gold scores `gold_chosen`,
     `gold_rejected`. Returns (ScalarModel, stats with the held-out accuracy against the noisy
     labels and against the gold order, rows: one per step, each epoch's last with the held-out
-    numbers)."""
+    numbers). board: machinery/tblog.py's writer (--log_to), given each row as it is made."""
     rng = np.random.default_rng(seed)
     val, tr = split_pairs(pairs, cfg.rm_val_frac, rng)
     rm = from_pretrained(lm, cfg.rm_layers)
@@ -208,6 +223,7 @@ def train_reward_model(lm, pairs, cfg, pad_id, seed=0, log=print):
     guard = StepGuard("reward model training")
     rows = []
     longest = np.array([max(len(p["chosen"]), len(p["rejected"])) for p in tr])
+    t0 = time.time()
     for epoch in range(cfg.rm_epochs):
         # Batches of pairs of about the same length (little padding), in random order; ties are
         # broken at random.
@@ -230,8 +246,14 @@ def train_reward_model(lm, pairs, cfg, pad_id, seed=0, log=print):
             accuracy = (r[:len(mb)] > r[len(mb):]).float().mean().item()
             rows.append(dict(step=len(rows) + 1, epoch=epoch + 1, loss=losses[-1],
                              accuracy=accuracy, lr=lr))
+            tblog.write(board, rows[-1], "step")
+            # Every rm_log_every steps, from the rows' numbers: nothing computed for it.
+            if len(rows) % cfg.rm_log_every == 0:
+                log(log_line(rows[-cfg.rm_log_every:], steps, t0))
         # The held-out pairs after each epoch; after the last, the numbers reward.json keeps.
-        rows[-1].update(held_out(rm, val, pad_id))
+        held = held_out(rm, val, pad_id)
+        rows[-1].update(held)
+        tblog.write(board, dict(held, step=rows[-1]["step"]), "step")
         log(f"reward model epoch {epoch + 1}/{cfg.rm_epochs}: bt loss {np.mean(losses):.3f}, "
             f"held-out {rows[-1]['val_loss']:.3f} (accuracy {rows[-1]['acc_noisy']:.1%})")
     rm.eval()

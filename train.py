@@ -25,10 +25,11 @@ Left out: resuming the preferences and reward stages half way.
 if __name__ == "__main__":
     from machinery.errors import ctrl_c_while_starting
     ctrl_c_while_starting()
-import dataclasses, os, sys, time
+import dataclasses, hashlib, json, os, sys, time
 import torch
 
 import dpo, kl, tokenizer
+from ref import check_copy
 from dpo import DPOConfig
 from kl import KLConfig
 from model import GPTConfig
@@ -40,7 +41,7 @@ from machinery.errors import RunError, run_main
 from machinery.evaluate import EvalConfig
 from machinery.precision import auto_dtype
 from machinery.pretrain import PretrainConfig
-from machinery.records import load_records, make_record, plan, records_path
+from machinery.records import load_records, make_record, own_fields, plan, records_path
 from machinery.stages import (BY_NAME, STAGES, build_world_aside, files, load_timings, path,
                               run_stage, stamp, world_ok)
 from options import anchors, cheap_ref, grpo, rollback
@@ -77,6 +78,18 @@ def parse(argv):
     if cfg.run.dtype == "auto":
         cfg.run.dtype = auto_dtype(cfg.run.device)[0]
     return cfg
+
+
+def idle_flag(argv, cfg):
+    """Why a flag on the command line would do nothing, in one line: DPO's own flags (DPOConfig's)
+    without --stage=dpo; None when each does something. A --config file's values are not flags.
+    (PPO's flags under --stage=dpo must match what the folder's PPO was made with: records.plan.)"""
+    given = {a[2:].partition("=")[0] for a in argv if a.startswith("--")}
+    for f in dataclasses.fields(DPOConfig):
+        if f.name in given and cfg.run.stage != "dpo":
+            return (f"--{f.name} is DPO's flag: only --stage=dpo reads it (add --stage=dpo to make "
+                    "DPO with it)")
+    return None
 
 
 # torchrun: every rank runs these; rank 0 runs the others alone.
@@ -118,15 +131,22 @@ def check_finished(cfg, what, inputs):
 
 
 def open_folder(cfg, reads=None):
-    """out_dir checked before any work: a folder (made here unless `reads`), writable; reads:
-    (what, inputs) of a command that reads a finished run (check_finished). Bad input: one line,
-    exit 2. Returns the run lock (store.Lock), to hold."""
+    """out_dir checked before any work: a folder (made here unless `reads`) whose name is valid
+    UTF-8, writable; reads: (what, inputs) of a command that reads a finished run
+    (check_finished). Bad input: one line, exit 2. Returns the run lock (store.Lock), to hold: a
+    folder made here that the command leaves empty (refused before any stage wrote) is removed
+    when the lock is released, so a refused command leaves no new folder behind."""
     out = cfg.run.out_dir
     if store.not_a_folder(out):
         die(f"--out_dir={out} {store.not_a_folder(out)}")
     # A command that reads a finished run makes nothing in a folder without one, not even it.
     if reads:
         check_finished(cfg, *reads)
+    # The outermost folder this command makes on the way to out_dir, if any.
+    made = None
+    up = os.path.abspath(out)
+    while not os.path.exists(up):
+        made, up = up, os.path.dirname(up)
     try:
         os.makedirs(out, exist_ok=True)
     except OSError as e:
@@ -134,7 +154,30 @@ def open_folder(cfg, reads=None):
     if store.unwritable(out):
         die(f"--out_dir={out} is not writable ({store.unwritable(out)}): use a folder this "
             "process may write, or another --out_dir")
-    return store.Lock(out)
+    return store.Lock(out, made)
+
+
+# The stage under way: its name, stamp digest, start and the seconds of its earlier pieces.
+PIECE = "running.json"
+
+
+def begin_piece(cfg, st, now):
+    """The seconds an interrupted run of stage `st` already spent on what it resumes from (from
+    its start to the last save of its resumable state, st.partial: later work is done again);
+    0.0 when it starts over. Records this piece's start in out_dir/running.json."""
+    digest = hashlib.sha256(json.dumps(stamp(cfg, st), sort_keys=True).encode()).hexdigest()[:16]
+    before = 0.0
+    p = path(cfg, PIECE)
+    if st.partial and os.path.exists(p) and os.path.exists(path(cfg, st.partial)):
+        try:
+            last = store.load_json(p)
+            if last["stage"] == st.name and last["stamp"] == digest:
+                saved = os.path.getmtime(path(cfg, st.partial))
+                before = last["before"] + max(0.0, saved - last["started"])
+        except (RunError, KeyError, TypeError):
+            before = 0.0
+    store.save_json(p, dict(stage=st.name, stamp=digest, started=now, before=before))
+    return before
 
 
 def run_stages(cfg, upto=None):
@@ -153,23 +196,39 @@ def run_stages(cfg, upto=None):
     for line in notes:
         print(line)
     stages = STAGES[:[s.name for s in STAGES].index(upto) + 1] if upto else STAGES
-    todo, kept = plan(stages, cfg.run.stage, out, records, lambda st: stamp(cfg, st),
-                      lambda st, rec: files(cfg, st.outputs, rec["config"]))
+    todo, kept, dropped = plan(stages, cfg.run.stage, out, records, lambda st: stamp(cfg, st),
+                               lambda st, rec: files(cfg, st.outputs, rec["config"]),
+                               redo=cfg.run.redo_from)
     for name in kept:
         print(f"---- stage {name}: done with this config, kept ----")
     if todo and todo[0].name == "world":
         build_world_aside(cfg)
     else:
         world_ok(cfg)
+    # A stage that reads ref.pt needs the frozen copy of pretrain.pt, checked before anything goes.
+    reads_ref = [st for st in todo if "ref.pt" in st.inputs]
+    if reads_ref and "reference" not in [st.name for st in todo]:
+        check_copy(path(cfg, "pretrain.pt"), path(cfg, "ref.pt"))
     if cfg.run.fresh:
         made = [n for st in STAGES for n in st.outputs + [st.partial] if n]
-        for n in made + ["stages.json", "timings.json"]:
+        for n in made + ["stages.json", "timings.json", PIECE]:
             store.remove(path(cfg, n))
     # The config the recorded stages were made with (--config reads it back). A command that runs
     # the stages up to one (lab/ablate.py's bases) leaves the later ones, and config.json, alone.
     if upto is None:
         resolved = {g: dataclasses.asdict(c) for g, c in vars(cfg).items()}
+        # A finished optional stage this command leaves alone keeps its own flags' values there.
+        for st in STAGES:
+            if st.optional and st.name in records and st not in todo + dropped:
+                made = records[st.name]["config"]
+                for group in resolved.values():
+                    group.update({k: made[k] for k in own_fields(st, STAGES) if k in group})
         store.save_json(path(cfg, "config.json"), resolved)
+    for st in dropped:
+        records.pop(st.name, None)
+        for n in st.outputs:
+            store.remove(path(cfg, n))
+        store.save_json(records_path(out), records)
     # torchrun: the plan, to the other ranks.
     dist.broadcast_object([st.name for st in todo])
     for st in todo:
@@ -185,16 +244,19 @@ def run_stages(cfg, upto=None):
         # The dtype is the one that runs: with --dtype=auto, what it chose.
         print(f"---- stage {st.name} ---- ({cfg.run.dtype})", flush=True)
         t = time.time()
+        before = begin_piece(cfg, st, t)
         run_stage(cfg, st, stamp(cfg, st))
         if st.outputs:
             s = stamp(cfg, st)
             records[st.name] = make_record(out, s["config"], files(cfg, st.inputs),
                                                  files(cfg, st.outputs), s["defaults"], s["code"])
             store.save_json(records_path(out), records)
-            timings[st.name] = round(time.time() - t, 1)
+            # A resumed stage's time is its pieces' summed.
+            timings[st.name] = round(before + time.time() - t, 1)
             store.save_json(path(cfg, "timings.json"), timings)
             if st.partial:
                 store.remove(path(cfg, st.partial))
+            store.remove(path(cfg, PIECE))
         # torchrun: the other ranks wait for this stage.
         dist.barrier()
     return timings
@@ -202,6 +264,8 @@ def run_stages(cfg, upto=None):
 
 def main(argv):
     cfg = parse(argv)
+    if idle_flag(argv, cfg):
+        die(idle_flag(argv, cfg))
     # torchrun: join the group; in one process the device is unchanged.
     cfg.run.device = dist.init(cfg.run.device)
     # What autocast leaves in fp32 may use TF32 on CUDA.

@@ -22,12 +22,14 @@ number outside its own interval but inside the band is printed as a note and pas
 printed digit (the same seed on the same machine gives the same numbers). Both add --slack. Each
 number outside is printed with both values, and the exit code is 1; when all agree, one line says
 so and the exit code is 0.
-Bad input (no table, an unknown or a missing row, a row without one cell per column, a cell
-without its numbers, an interval that does not hold its mean, a missing or unreadable report, a
-field that is not a number, a flag given twice, a slack that is not a finite number >= 0, a row
-named twice, no single "Student-t, n = N" under the table) is one line on stderr naming the file
-and the field, exit 2; a number that is not finite in the report always differs. A minus sign
-may be written as prose writes it (−).
+Bad input (a README or report that is not text or is over 10 MB, no table, a table without its
+|---| line, an unknown or a missing row, a row without one cell per column, a cell without its
+numbers, an interval that does not hold its mean, a missing or unreadable report, a field that is
+not a number, a flag given twice or without its '=', a slack that is not a finite number >= 0, a
+row named twice, no single "Student-t, n = N" under the table) is one line on stderr naming the
+file and the field, exit 2; --exact takes =true, =false, =1 or =0 like train.py's booleans. A
+number that is not finite in the report always differs. A minus sign may be written as prose
+writes it (−).
 Left out: ANSWER.md's tables (each names the command that made it).
 """
 # Ctrl-C while the imports below load torch (seconds) is one line and exit 130.
@@ -36,7 +38,7 @@ if __name__ == "__main__":
     ctrl_c_while_starting()
 import json, math, os, re, sys
 
-from machinery.config import check_once
+from machinery.config import boolean, check_once, no_value
 from machinery.errors import die, run_main
 from lab.tables import t_quantile
 
@@ -52,6 +54,11 @@ HEADER = ("| metric | pretrained | RLHF actor | a new seed: pretrained | a new s
 # The table's columns -> report.json's policies (the run's own columns, then a new seed's).
 POLICIES = ("pretrained", "rlhf")
 CELLS = 2 * len(POLICIES) + 1
+# A markdown table's separator line: |---|:---:|...
+SEPARATOR = re.compile(r"\|(\s*:?-+:?\s*\|)+")
+# README is tens of kB and a report.json less: a file over this is neither (and /dev/zero, read
+# whole, would never end).
+MAX_BYTES = 10 << 20
 # More seeds than any table is made from: a larger n is a typo (and t's quantile loses precision).
 MAX_SEEDS = 10000
 
@@ -62,8 +69,14 @@ def table_rows(text, where="README"):
     lines = text.splitlines()
     if HEADER not in lines:
         raise ValueError(f"{where} has no table with the header {HEADER!r}")
+    at = lines.index(HEADER)
+    # A markdown table's header is followed by its separator, one |---| per column.
+    below = lines[at + 1].strip() if at + 1 < len(lines) else ""
+    if not SEPARATOR.fullmatch(below) or below.count("|") != HEADER.count("|"):
+        raise ValueError(f"{where}: the line under the header {HEADER[:30]!r}... is not its "
+                         f"separator {'|---' * (1 + CELLS)}|: not a markdown table")
     rows = []
-    for line in lines[lines.index(HEADER) + 2:]:
+    for line in lines[at + 2:]:
         if not line.startswith("|"):
             break
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
@@ -215,12 +228,18 @@ def parse(argv):
         sys.exit(0)
     check_once(argv)
     opts = dict(out_dir="out", readme="README.md", slack="0", exact=False)
-    for a in argv:
+    for i, a in enumerate(argv):
         name, eq, v = a[2:].partition("=")
-        if a == "--exact":
-            opts["exact"] = True
-        elif not a.startswith("--") or name not in opts or name == "exact" or not eq:
+        if not a.startswith("--") or name not in opts:
             die(f"unknown flag {a!r} (lab.claims takes --out_dir, --readme, --slack, --exact)")
+        # --exact, like train.py's booleans, alone or =true, =false, =1, =0.
+        if name == "exact":
+            try:
+                opts["exact"] = boolean(v)
+            except ValueError:
+                die(f"bad value for --exact: {v!r} (a boolean flag takes true, false, 1 or 0)")
+        elif not eq:
+            die(no_value(name, argv, i))
         else:
             opts[name] = v
     try:
@@ -233,12 +252,27 @@ def parse(argv):
 
 
 def load(path, what):
-    """A file's text (what: "text") or JSON (what: "json"); ValueError naming the file."""
+    """A file's text (what: "text", a README) or JSON (what: "json", a report.json); ValueError
+    naming the file. At most MAX_BYTES + 1 bytes are read: a larger file is refused, an endless one
+    at once."""
+    kind = "a README" if what == "text" else "a report.json"
     try:
-        with open(path, encoding="utf-8") as f:
-            return f.read() if what == "text" else json.load(f)
+        with open(path, "rb") as f:
+            raw = f.read(MAX_BYTES + 1)
     except OSError as e:
         raise ValueError(f"cannot read {path} ({e.strerror})") from None
+    if len(raw) > MAX_BYTES:
+        raise ValueError(f"{path} is over {MAX_BYTES >> 20} MB: not {kind}")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"{path} is not text (not UTF-8): not {kind}") from None
+    if "\0" in text:
+        raise ValueError(f"{path} is not text (it holds NUL bytes): not {kind}")
+    if what == "text":
+        return text
+    try:
+        return json.loads(text)
     except RecursionError:
         raise ValueError(f"{path} nests too deep to be a report") from None
     except ValueError as e:

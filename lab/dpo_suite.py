@@ -126,6 +126,9 @@ def parse(argv):
     for a in arms:
         train.parse(override(rest, ARMS[a] if a in ARMS else ablate.CONDITIONS[PPO_ARMS[a]]))
     cfg = train.parse(rest)
+    if cfg.run.stage != "all":
+        die(f"the suite runs the stages each arm needs: leave out --stage (got --stage="
+            f"{cfg.run.stage})")
     if not cfg.dpo.dpo_eval_every or not cfg.eval.eval_every:
         die("the suite draws each run's curve from its evaluations: --dpo_eval_every and "
             "--eval_every must be > 0")
@@ -188,8 +191,8 @@ def dpo_run(job):
             ablate.restore(kept_dir, run_dir, KEPT)
         else:
             stages.run_stage(cfg, st, stamp, base=base, run_dir=run_dir, log=ablate.quiet)
-            rec = ablate.run_record(run_dir, stamp, [n for n in st.outputs
-                                                     if os.path.exists(os.path.join(run_dir, n))])
+            # Every output the stage makes under this config, or no record (RunError).
+            rec = ablate.run_record(run_dir, stamp, stages.files(cfg, st.outputs))
             store.save_json(os.path.join(run_dir, ablate.RECORD), rec)
             made_now = True
     # A finished run not yet kept (or kept under another stamp) is kept.

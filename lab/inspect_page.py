@@ -35,7 +35,7 @@ if __name__ == "__main__":
     from machinery.errors import ctrl_c_while_starting
     ctrl_c_while_starting()
 from dataclasses import dataclass, replace
-import html, os, sys
+import html, os, sys, time
 import torch
 
 import data, tokenizer, train
@@ -45,7 +45,7 @@ from ppo import make_experience
 from ref import load_reference
 from reward import gold_scores, load_scalar_model, score as reward_score
 from sequences import encode_prompts, join_tokens, response_mask
-from machinery import records, store
+from machinery import progress, records, store
 from machinery.config import arg, check_once, parse_args, print_help
 from machinery.errors import RunError, die, run_main
 from machinery.precision import cast_once
@@ -220,8 +220,11 @@ def write_inspect(cfg, page):
     # Spread over the held-out subjects.
     prompts = heldout[::max(1, len(heldout) // n)][:n]
     blocks = []
+    t0 = time.time()
     for name, model, mpath in (("pretrained", pre, os.path.join(out, "pretrain.pt")),
                                (f"RLHF actor ({actor_path})", actor, actor_path)):
+        # A terminal shows the responses done so far (none of the numbers depend on it).
+        progress.counter("inspect", len(blocks), 2 * len(prompts), "responses", t0)
         # The same sampling noise for both.
         torch.manual_seed(run.seed + 2)
         q, qm = (x.to(run.device) for x in encode_prompts(enc, prompts))
@@ -237,6 +240,7 @@ def write_inspect(cfg, page):
             gold = data.gold_score(p, enc.decode(tokens))
             blocks.append((i, f'<h2>{shown(p.strip())}</h2>' if name == "pretrained" else "",
                            response_block(name, mpath, p, rows, gold, proxy[i])))
+            progress.counter("inspect", len(blocks), 2 * len(prompts), "responses", t0)
     # Per prompt: the pretrained model's answer, then the RLHF actor's.
     blocks = [h + b for _, h, b in sorted(blocks, key=lambda x: x[0])]
     if critic:

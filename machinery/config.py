@@ -16,7 +16,7 @@ anchors, rollback, kl, grpo, tokenizer) run in train.py's `parse`, which also re
 Left out: config files of other formats than a run's config.json, environment variables, nested or
 list-valued flags.
 """
-import dataclasses, difflib, json, math, sys
+import dataclasses, difflib, json, math, os, sys
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -46,6 +46,11 @@ class RunConfig:
                      choices=["all", "world", "pretrain", "reference", "preferences", "reward",
                               "ppo", "report", "dpo"])
     fresh: bool = arg(False, help="delete every output in out_dir and redo every stage")
+    redo_from: str = arg("", help="redo this stage and every later one, the report included (a "
+                         "finished run with a flag changed, in one command); the earlier ones are "
+                         "kept as usual",
+                         choices=["", "world", "pretrain", "reference", "preferences", "reward",
+                                  "ppo", "report"])
     preset: str = arg("default", help="default, smoke (seconds; the tests use it), gpu (one GPU, "
                       "about 10 minutes)", choices=["default", "smoke", "gpu"])
     seed: int = arg(1337, "[0,2^31)", "numpy takes seeds in [0, 2^32); the stages add small "
@@ -67,6 +72,10 @@ class RunConfig:
                              "anyway and fp32 log-probs lose precision")
     response_length: int = arg(64, ">0", "most response tokens sampled; prompt + response must "
                                "fit block_size")
+    log_to: str = arg("none", help="tensorboard: every row of each stage's JSONL log also as "
+                      "TensorBoard scalars, as it is written, under out_dir/tb/STAGE/ "
+                      "(machinery/tblog.py; tensorboard --logdir out/tb); changes no number, so "
+                      "no stage is redone for it", choices=["none", "tensorboard"])
 
 
 @dataclass
@@ -79,11 +88,12 @@ class WorldConfig:
 
 # The smoke preset pretrains with AdamW: the end-to-end tests' thresholds (cheap references' logit
 # error, the penalty's effect in 3 iterations, a diverging lr) were set on its model; Muon's own
-# tests run Muon on the smoke world (tests/test_pretrain_optim.py).
+# tests run Muon on the smoke world (tests/test_pretrain_optim.py). Its pretraining takes seconds: a
+# log line at each evaluation (log_interval = eval_interval) is enough.
 PRESETS = {"default": {},
            "smoke": dict(n_reviews=3000, vocab_size=300, n_layer=2, n_embd=64, n_head=2,
                          block_size=96, max_iters=150, batch_size=32, warmup_iters=10,
-                         optimizer="adamw",
+                         optimizer="adamw", log_interval=50,
                          eval_interval=50, eval_iters=2, n_samples=16, response_length=40,
                          n_pairs=600, rm_epochs=2, rm_val_frac=0.25, ppo_iters=3,
                          rollout_batch=16, minibatch_size=8, ppo_epochs=2, n_eval=16,
@@ -114,14 +124,28 @@ def fields(groups):
             if (c.__name__, f.name) not in SKIP]
 
 
+def boolean(text):
+    """A boolean flag's value: alone (--fresh, text "") it is true; with a value it takes true/false
+    or 1/0, nothing else (ValueError). lab/claims.py's --exact takes the same."""
+    if text.lower() in ("1", "true", ""):
+        return True
+    if text.lower() in ("0", "false"):
+        return False
+    raise ValueError
+
+
+def no_value(name, argv, i):
+    """The line for --name given without '=' (argv[i]): the way to write it, with the next word
+    as its value when there is one."""
+    after = argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("--") else None
+    example = f"--{name}={after}" if after is not None else f"--{name}=VALUE"
+    return (f"--{name} has no value: write {example} (the flag and its value are one word, joined "
+            "by '=')")
+
+
 def _convert(f, text):
-    # A boolean flag alone (--fresh) is true; with a value it takes true/false or 1/0, nothing else.
     if f.type in (bool, "bool"):
-        if text.lower() in ("1", "true", ""):
-            return True
-        if text.lower() in ("0", "false"):
-            return False
-        raise ValueError
+        return boolean(text)
     value = {"int": int, "float": float, "str": str}.get(f.type, f.type)(text)
     if isinstance(value, float) and not math.isfinite(value):
         # NaN and inf parse as floats, and no field wants them.
@@ -132,7 +156,8 @@ def _convert(f, text):
 def print_help(doc, groups):
     print(doc)
     print("  --config=FILE  a run's config.json: every field it holds, a preset and the other "
-          "flags winning over it")
+          "flags winning over it (its out_dir too, the run's own folder, unless --out_dir is "
+          "given: a line says so)")
     for g, c in groups.items():
         print(f"{c.__name__}:")
         for _, f in fields({g: c}):
@@ -146,7 +171,7 @@ def print_help(doc, groups):
 
 
 # How a command runs, not what a run is: a --config file never sets them.
-NOT_FROM_FILE = ("stage", "fresh")
+NOT_FROM_FILE = ("stage", "fresh", "redo_from")
 
 
 def _from_file(f, v, where):
@@ -162,15 +187,24 @@ def _from_file(f, v, where):
     return v
 
 
+# A run's config.json is a few kB; a file over this is not one (and /dev/zero never ends).
+CONFIG_BYTES = 1 << 20
+
+
 def config_file(path, groups):
     """{field: value} of a run's config.json (the resolved config train.py writes beside its
     stages), every field but NOT_FROM_FILE and the ones no flag sets. Bad input (an unreadable
-    file, a field this code has no flag for, a value of the wrong type): one line, exit 2."""
+    file, one over CONFIG_BYTES, a field this code has no flag for, a value of the wrong type): one
+    line, exit 2. At most CONFIG_BYTES + 1 bytes are read, so an endless file is refused at once."""
     try:
-        with open(path) as f:
-            data = json.load(f)
+        with open(path, "rb") as f:
+            raw = f.read(CONFIG_BYTES + 1)
     except OSError as e:
         die(f"--config={path}: cannot read it ({e.strerror})")
+    if len(raw) > CONFIG_BYTES:
+        die(f"--config={path}: over {CONFIG_BYTES >> 20} MB, not a run's config.json (a few kB)")
+    try:
+        data = json.loads(raw.decode("utf-8"))
     except (ValueError, RecursionError):
         die(f"--config={path}: not a JSON config (a run's config.json)")
     if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
@@ -187,6 +221,19 @@ def config_file(path, groups):
                     "since the run?)")
             values[name] = _from_file(by_name[name], v, f"--config={path}")
     return values
+
+
+# The lines say_once has printed in this process.
+_SAID = set()
+
+
+def say_once(line):
+    """One line on stdout, once per process (lab/ablate.py parses the same flags many times) and
+    from rank 0 alone under torchrun (RANK set)."""
+    if line in _SAID or int(os.environ.get("RANK", 0)):
+        return
+    _SAID.add(line)
+    print(line, flush=True)
 
 
 def parse_args(argv, groups, doc=""):
@@ -207,7 +254,9 @@ def parse_args(argv, groups, doc=""):
     for i, a in enumerate(argv):
         name, eq, text = a[2:].partition("=")
         if a.startswith("--") and name == "config":
-            from_file = config_file(text, groups)
+            if not eq:
+                die(no_value(name, argv, i))
+            from_file, config_path = config_file(text, groups), text
             continue
         if not a.startswith("--") or name not in by_name:
             close = difflib.get_close_matches(name if a.startswith("--") else a, list(by_name),
@@ -216,16 +265,17 @@ def parse_args(argv, groups, doc=""):
             die(f"unknown flag {a!r} ({hint}--help lists them)")
         kind = getattr(by_name[name].type, "__name__", by_name[name].type)
         if not eq and kind not in (bool, "bool"):
-            after = argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("--") else None
-            example = f"--{name}={after}" if after is not None else f"--{name}=VALUE"
-            die(f"--{name} has no value: write {example} (the flag and its value are one word, "
-                "joined by '=')")
+            die(no_value(name, argv, i))
         try:
             values[name] = _convert(by_name[name], text)
         except ValueError:
             if kind in (bool, "bool"):
                 die(f"bad value for --{name}: {text!r} (a boolean flag takes true, false, 1 or 0)")
             die(f"bad value for --{name}: {text!r} is not a finite {kind}")
+    # Without --out_dir, a run again from its config.json goes on in that run's own folder: said.
+    if "out_dir" in from_file and "out_dir" not in values:
+        say_once(f"note: --out_dir={from_file['out_dir']}, from --config={config_path}: the run's "
+                 "own folder (add --out_dir=DIR to run in another)")
     preset = values.get("preset", from_file.get("preset", "default"))
     if preset not in PRESETS:
         die(f"bad value for --preset: {preset!r} (choose {', '.join(PRESETS)})")
@@ -262,6 +312,7 @@ def check(cfg):
     exists. What needs another file, batch sizes the torchrun processes share and the --ref kinds a
     depth allows, train.py's parse checks with dist.check_divisible, cheap_ref.check and the
     like.)"""
+    import importlib.util
     import torch
     run, w, g, r, p = cfg.run, cfg.world, cfg.gpt, cfg.reward, cfg.ppo
     if w.tokenizer == "bpe" and w.vocab_size < 257:
@@ -277,6 +328,9 @@ def check(cfg):
         die(f"--n_pairs={r.n_pairs} with --rm_val_frac={r.rm_val_frac} gives {n_val} held-out and "
             f"{r.n_pairs - n_val} training pairs: need >= 1 held-out and "
             f">= --rm_batch_size={r.rm_batch_size}")
+    if run.redo_from and (run.stage != "all" or run.fresh):
+        die(f"--redo_from={run.redo_from} redoes from that stage on: use it without --stage and "
+            "--fresh")
     if run.fresh and run.stage != "all":
         die(f"--fresh redoes every stage: use it without --stage (--stage={run.stage} alone "
             "redoes that stage)")
@@ -294,6 +348,9 @@ def check(cfg):
         die("--device=cuda but torch sees no CUDA device here (use --device=cpu or auto)")
     if run.device == "mps" and not torch.backends.mps.is_available():
         die("--device=mps but torch sees no MPS device here (use --device=cpu or auto)")
+    # The writer is imported only where it writes (machinery/tblog.py): missing, it is said now.
+    if run.log_to == "tensorboard" and importlib.util.find_spec("tensorboard") is None:
+        die("--log_to=tensorboard needs the tensorboard package (pip install tensorboard)")
     if run.device == "auto":
         run.device = "cuda" if torch.cuda.is_available() else "cpu"
 

@@ -19,7 +19,7 @@ held-out samples: the trajectory of gold, proxy and KL that lab/ablate.py --suit
 Left out: confidence intervals, per-token views.
 """
 from dataclasses import dataclass
-import math, os
+import math, os, time
 import numpy as np
 import torch
 
@@ -28,7 +28,7 @@ from kl import kl_full
 from model import response_logits, token_logprobs
 from reward import score as reward_score
 from sequences import encode_prompts, join_tokens, response_mask
-from machinery import state, store
+from machinery import progress, state, store
 from machinery.config import arg
 from machinery.precision import cast_once
 
@@ -59,17 +59,23 @@ def decode_responses(enc, response):
 
 
 @torch.no_grad()
-def sample_texts(model, enc, prompts, run, batch=100):
-    """Responses (text) to a list of prompts; the randomness is torch's global generator."""
+def sample_texts(model, enc, prompts, run, batch=100, label=""):
+    """Responses (text) to a list of prompts; the randomness is torch's global generator. With a
+    label, a terminal shows `label: done/total samples` while it samples (progress.counter)."""
     model.eval()
     out = []
+    t0 = time.time()
     for i in range(0, len(prompts), batch):
+        if label:
+            progress.counter(label, i, len(prompts), "samples", t0)
         q, qm = (x.to(run.device) for x in encode_prompts(enc, prompts[i:i + batch]))
         # bf16: each weight cast once for the whole sampling, not once per token.
         with cast_once(model):
             resp, _ = model.generate(q, run.response_length, run.temperature, eos=enc.eot_token,
                                      mask=qm)
         out += decode_responses(enc, resp)
+    if label:
+        progress.counter(label, len(prompts), len(prompts), "samples", t0)
     return out
 
 
@@ -87,11 +93,13 @@ def evaluate_policy(model, enc, prompts, run, ref, rm, n, batch=100):
     """n samples on the given prompts (cycled) and what they cost and earn: gold and proxy score,
     exact KL to the reference (nats per sequence), fluency (well-formed, perplexity under the
     reference), diversity (distinct-n, repetition), end-of-text rate. Returns (metrics,
-    [(prompt, text, gold, proxy)])."""
+    [(prompt, text, gold, proxy)]). A terminal shows `evaluating: done/n samples` meanwhile."""
     model.eval()
     prompts = [prompts[i % len(prompts)] for i in range(n)]
     kl, nll, ntok, proxy, texts, eos = [], 0.0, 0, [], [], []
+    t0 = time.time()
     for i in range(0, n, batch):
+        progress.counter("evaluating", i, n, "samples", t0)
         q, qm = (x.to(run.device) for x in encode_prompts(enc, prompts[i:i + batch]))  # (b, Tp)
         with cast_once(model):
             resp, _ = model.generate(q, run.response_length, run.temperature,
@@ -105,6 +113,7 @@ def evaluate_policy(model, enc, prompts, run, ref, rm, n, batch=100):
         proxy += reward_score(rm, join_tokens(q, qm, resp, m), enc.eot_token).tolist()
         texts += decode_responses(enc, resp)
         eos += (resp == enc.eot_token).any(1).tolist()
+    progress.counter("evaluating", n, n, "samples", t0)
     stats, verdicts = judge_texts(prompts, texts)
     bodies = [t.split(data.EOT)[0] for t in texts]
     metrics = dict(**stats, proxy_mean=float(np.mean(proxy)), kl=float(np.mean(kl)),
@@ -165,12 +174,13 @@ def best_of_k(model, enc, prompts, run, n, pass_gold, budget, ks=(1, 2, 4, 8, 16
     """n samples for each of budget // n prompts (at least 1, at most all, spread over the list);
     for each k <= n the mean over prompts of the expected best gold score of k samples and of
     pass@k (pass: well-formed with gold > pass_gold), and, with pass_gold_hard, pass@k of the same
-    samples at that threshold (pass_at_hard). Randomness: torch's global generator."""
+    samples at that threshold (pass_at_hard). Randomness: torch's global generator. A terminal
+    shows `best-of-k: done/total samples` meanwhile."""
     m = min(len(prompts), max(1, budget // n))
     prompts = [prompts[i * len(prompts) // m] for i in range(m)]
     # Each prompt n times in a row.
     rows = [p for p in prompts for _ in range(n)]
-    texts = sample_texts(model, enc, rows, run, batch=256)
+    texts = sample_texts(model, enc, rows, run, batch=256, label="best-of-k")
     verdicts = [data.judge(p, t) for p, t in zip(rows, texts)]
     groups = [verdicts[i:i + n] for i in range(0, len(verdicts), n)]
     ks = [k for k in ks if k <= n]
@@ -246,31 +256,179 @@ def plot_curves(rows, train_key, held_out_key, title, png, x="iter"):
     plt.close(fig)
 
 
-def plot_metrics(rows, png):
-    """Proxy and gold score, and KL to the reference, per PPO iteration (skipped without
-    matplotlib)."""
+def pyplot():
+    """matplotlib's pyplot with the file-only backend, or None where matplotlib is not installed
+    (the plots are skipped: stages.files)."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
+        return None
+    return plt
+
+
+def running_mean(values, k):
+    """The mean of each value and the k - 1 before it (fewer at the start)."""
+    total = np.cumsum(np.asarray(values, dtype=float))
+    out = total.copy()
+    out[k:] = total[k:] - total[:-k]
+    return out / np.minimum(np.arange(1, len(out) + 1), k)
+
+
+def plot_steps(ax, rows, x, key, label, color, smooth=True, faded=True, ls="-"):
+    """rows[key] against rows[x], over the rows that have it. smooth: a noisy per-step curve as
+    its running mean over a 25th of the steps, the raw values faded beneath it unless not faded;
+    else the values as they are."""
+    have = [r for r in rows if key in r]
+    xs = [r[x] for r in have]
+    ys = [r[key] for r in have]
+    k = max(1, len(ys) // 25) if smooth else 1
+    if k > 1 and faded:
+        ax.plot(xs, ys, lw=0.6, alpha=0.3, color=color)
+    if k > 1 and label:
+        label = f"{label} (mean of {k})"
+    # A short run's few points are marked: one step alone is no line.
+    marker = "o" if len(ys) <= 20 else None
+    ax.plot(xs, running_mean(ys, k), lw=1.2, color=color, label=label, ls=ls, marker=marker, ms=3)
+    # Steps and iterations are whole numbers: so are the ticks.
+    ax.xaxis.get_major_locator().set_params(integer=True)
+
+
+def twin_legend(ax, twin):
+    """One legend for an axis and its twin (the right-hand scale)."""
+    handles, labels = ax.get_legend_handles_labels()
+    more, more_labels = twin.get_legend_handles_labels()
+    ax.legend(handles + more, labels + more_labels, fontsize=8)
+
+
+def plot_points(ax, rows, x, key, label, color, marker="o"):
+    """rows[key] as points, where a row has it (held-out numbers); nothing, and no legend entry,
+    where none has."""
+    have = [r for r in rows if key in r]
+    if have:
+        ax.plot([r[x] for r in have], [r[key] for r in have], marker=marker, ms=5, ls=":",
+                color=color, label=label)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+
+
+def plot_reward(rows, png):
+    """The reward model's training per step: the Bradley-Terry loss and the batch's accuracy, with
+    the held-out loss and accuracies (against the noisy labels and the gold order) after each epoch
+    (skipped without matplotlib)."""
+    plt = pyplot()
+    if plt is None:
         return
-    it = [r["iter"] for r in rows]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.5))
-    a.plot(it, [r["objective/scores"] for r in rows], label="proxy (reward model)")
-    a.plot(it, [r["objective/gold"] for r in rows], label="gold (simulated human)")
-    a.set_xlabel("PPO iteration")
-    a.set_ylabel("score")
-    a.legend()
-    b.plot(it, [r["objective/kl_exact"] for r in rows], color="C3")
-    # The rollouts undone by --kl_max: the iterations where the count of rollbacks went up.
-    undone = [(r["iter"], r["policy/kl_before_rollback"]) for p, r in zip([{}] + rows, rows)
-              if r.get("policy/rollbacks", 0) > p.get("policy/rollbacks", 0)]
-    if undone:
-        b.scatter(*zip(*undone), color="C1", marker="x", label="rollout above --kl_max (undone)")
-        b.legend()
-    b.set_xlabel("PPO iteration")
-    b.set_ylabel("KL(actor ‖ reference), nats/sequence")
+    panels = 2 if any("accuracy" in r for r in rows) else 1
+    fig, axes = plt.subplots(1, panels, figsize=(5.5 * panels, 3.8), squeeze=False)
+    a = axes[0, 0]
+    plot_steps(a, rows, "step", "loss", "train (batch)", "C0")
+    plot_points(a, rows, "step", "val_loss", "held-out", "C3")
+    a.set_title("Bradley-Terry loss", fontsize=10)
+    if panels == 2:
+        b = axes[0, 1]
+        plot_steps(b, rows, "step", "accuracy", "train (batch)", "C0")
+        plot_points(b, rows, "step", "acc_noisy", "held-out, noisy labels", "C3")
+        plot_points(b, rows, "step", "acc_gold", "held-out, gold order", "C2", marker="s")
+        b.set_title("accuracy: chosen scored above rejected", fontsize=10)
+    for ax in axes[0]:
+        ax.set_xlabel("step")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    store.save_figure(fig, png)
+    plt.close(fig)
+
+
+def plot_dpo(rows, png):
+    """DPO's training per step: the loss, the implicit reward's margins (chosen and rejected) and
+    accuracy; with --dpo_eval_every, a panel of the held-out KL and gold score (skipped without
+    matplotlib)."""
+    plt = pyplot()
+    if plt is None:
+        return
+    evals = [r for r in rows if "eval/kl" in r]
+    fig, axes = plt.subplots(1, 4 if evals else 3, figsize=(17 if evals else 13, 3.8))
+    plot_steps(axes[0], rows, "step", "loss", "loss", "C0")
+    axes[0].set_title("loss", fontsize=10)
+    plot_steps(axes[1], rows, "step", "rewards/margins", "margin", "C0")
+    plot_steps(axes[1], rows, "step", "rewards/chosen", "chosen", "C2", faded=False)
+    plot_steps(axes[1], rows, "step", "rewards/rejected", "rejected", "C3", faded=False)
+    axes[1].axhline(0, color="grey", lw=0.5)
+    axes[1].set_title("implicit reward β·log(π/π_ref)", fontsize=10)
+    plot_steps(axes[2], rows, "step", "rewards/accuracies", "accuracy", "C0")
+    axes[2].set_ylim(0, 1)
+    axes[2].set_title("accuracy: margin > 0", fontsize=10)
+    if evals:
+        plot_points(axes[3], evals, "step", "eval/kl", "KL to the reference", "C3")
+        gold = axes[3].twinx()
+        plot_points(gold, evals, "step", "eval/gold_mean", "gold (right axis)", "C2", marker="s")
+        gold.set_ylabel("gold score")
+        axes[3].set_ylabel("KL, nats/sequence")
+        axes[3].set_xlabel("step")
+        axes[3].set_title("held-out samples", fontsize=10)
+        twin_legend(axes[3], gold)
+    for ax in axes[:3]:
+        ax.set_xlabel("step")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    store.save_figure(fig, png)
+    plt.close(fig)
+
+
+# ppo.png's panels: (title, [(key, label)]); a panel whose first key no row holds is left out.
+PPO_PANELS = [("score", [("objective/scores", "proxy (reward model)"),
+                         ("objective/gold", "gold (simulated human)")]),
+              ("KL to the reference (nats/seq) and β", [("objective/kl_exact", "KL")]),
+              ("entropy (nats/token)", [("policy/entropy_avg", "")]),
+              ("clip fraction", [("policy/clipfrac_avg", "")]),
+              ("approx KL to the rollout policy", [("policy/approxkl_avg", "")]),
+              ("value loss", [("loss/value_avg", "")]),
+              ("explained variance", [("val/explained_variance", "")]),
+              ("response length (tokens)", [("val/response_length", "")])]
+# The critic's panels: left out for grpo and rloo, which log zeros there.
+CRITIC = ("loss/value_avg", "val/explained_variance")
+
+
+def plot_metrics(rows, png, critic=True):
+    """What a PPO user reads, per iteration, one panel each: proxy and gold score (held-out ones too
+    with --eval_every), the exact KL to the reference with β (and the rollouts --kl_max undid),
+    entropy, clip fraction, approxkl, value loss, explained variance and response length; the
+    critic's two without a critic (skipped without matplotlib)."""
+    plt = pyplot()
+    if plt is None:
+        return
+    panels = [(t, keys) for t, keys in PPO_PANELS if any(keys[0][0] in r for r in rows)
+              and (critic or keys[0][0] not in CRITIC)]
+    cols = math.ceil(len(panels) / 2)
+    fig, axes = plt.subplots(2, cols, figsize=(3.8 * cols, 6.5), squeeze=False)
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
+    for ax, (title, keys) in zip(axes.flat, panels):
+        for i, (key, label) in enumerate(keys):
+            plot_steps(ax, rows, "iter", key, label or None, f"C{i}", smooth=False)
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("PPO iteration")
+        if title == "score":
+            plot_points(ax, rows, "iter", "eval/proxy_mean", "held-out proxy", "C0")
+            plot_points(ax, rows, "iter", "eval/gold_mean", "held-out gold", "C1", marker="s")
+        if keys[0][0] != "objective/kl_exact":
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=8)
+            continue
+        # The rollouts undone by --kl_max: the iterations where the count of rollbacks went up.
+        undone = [(r["iter"], r["policy/kl_before_rollback"]) for p, r in zip([{}] + rows, rows)
+                  if r.get("policy/rollbacks", 0) > p.get("policy/rollbacks", 0)]
+        if undone:
+            ax.scatter(*zip(*undone), color="C1", marker="x", label="rollout undone (--kl_max)")
+        beta = ax.twinx()
+        plot_steps(beta, rows, "iter", "objective/kl_coef", "β (right axis)", "C2", smooth=False,
+                   ls="--")
+        beta.tick_params(axis="y", colors="C2", labelsize=8)
+        # From 0, so that a fixed β is a flat line, not noise magnified (β = 0: left as it is).
+        top = 1.15 * max(r["objective/kl_coef"] for r in rows)
+        if top > 0:
+            beta.set_ylim(0, top)
+        twin_legend(ax, beta)
     fig.tight_layout()
     store.save_figure(fig, png)
     plt.close(fig)

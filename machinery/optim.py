@@ -71,8 +71,9 @@ class StepGuard:
     rank's step (Muon's orthogonalisation included) starts from the same gradient and state, and
     gives the same weights."""
 
-    def __init__(self, what):
+    def __init__(self, what, advice="lower the learning rate"):
         self.what = what
+        self.advice = advice
         self.skipped = 0
         self.in_a_row = 0
 
@@ -97,7 +98,7 @@ class StepGuard:
         self.in_a_row += 1
         if self.in_a_row >= MAX_BAD_STEPS:
             raise RunError(f"{self.what} diverged: {self.in_a_row} steps in a row with a "
-                           "non-finite loss or gradient (lower the learning rate)", 1)
+                           f"non-finite loss or gradient ({self.advice})", 1)
         return False
 
 

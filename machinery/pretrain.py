@@ -6,7 +6,8 @@
 `train_gpt` is nanoGPT's loop: random windows of block_size + 1 tokens from train.bin, Muon + AdamW
 (or AdamW alone) with linear warmup and a cosine to min_lr, a gradient clip, and every eval_interval
 iterations a validation loss and a resumable state (state.py), so an interrupted run goes on where
-it stopped. Under torchrun each rank trains on its share of batch_size, from its own windows.
+it stopped. Every log_interval iterations, and at each evaluation, a line: loss, tokens per second,
+the time left. Under torchrun each rank trains on its share of batch_size, from its own windows.
 Left out: gradient accumulation, learning-rate finding, data loaders with workers.
 """
 from dataclasses import dataclass, replace
@@ -16,8 +17,9 @@ import torch
 
 import data
 from model import GPT
-from machinery import dist, optim, state
+from machinery import dist, optim, state, tblog
 from machinery.config import arg
+from machinery.progress import fmt_time
 
 
 @dataclass
@@ -45,6 +47,9 @@ class PretrainConfig:
     grad_clip: float = arg(1.0, ">0")
     eval_interval: int = arg(100, ">0", "iterations between validation losses and resumable "
                              "checkpoints")
+    # About 0.3 s an iteration at the default on 2 cores (153 s for 500, README): a line every 3 s.
+    log_interval: int = arg(10, ">0", "iterations between log lines (loss, tokens/s, eta; each "
+                            "evaluation prints one too); display only, the run computes the same")
     eval_iters: int = arg(10, ">0", "validation batches per estimate")
     n_samples: int = arg(200, "[1,100000]", "samples for the well-formed rate and gold score")
     compile: bool = arg(False, help="torch.compile the model for pretraining (fixed shapes: it "
@@ -52,8 +57,12 @@ class PretrainConfig:
                         "eagerly)")
 
 
-def fmt_time(s):
-    return f"{int(s // 60)}m{int(s % 60):02d}s"
+def log_line(row, max_iters, lr, speed, eta):
+    """The line printed every log_interval iterations and at each evaluation (with `val`): loss,
+    learning rate, thousands of tokens per second and the time left."""
+    val = f" | val {row['val_loss']:.3f}" if "val_loss" in row else ""
+    return (f"iter {row['iter']}/{max_iters} | loss {row['loss']:.3f}{val} | lr {lr:.1e} | "
+            f"{speed:.1f}k tok/s | eta {fmt_time(eta)}")
 
 
 def train_gpt(cfg, stamp, n_vocab, bins, ckpt_path):
@@ -92,6 +101,8 @@ def train_gpt(cfg, stamp, n_vocab, bins, ckpt_path):
           f"{pt.batch_size}x{gcfg.block_size} tokens")
     model.train()
     t0 = time.time() - seconds
+    # --log_to=tensorboard: this process's rows, as they come, in out_dir/tb/pretrain/ too.
+    board = tblog.open_log(run.log_to, run.out_dir, "pretrain", start + 1)
     for it in range(start, pt.max_iters):
         # AdamW's lr is the one logged; every group follows the schedule from its own peak.
         lr = optim.scheduled_lr(it, pt, pt.lr, pt.min_lr)
@@ -103,14 +114,18 @@ def train_gpt(cfg, stamp, n_vocab, bins, ckpt_path):
         row = dict(iter=it + 1, loss=dist.all_reduce(loss.item(), "mean"), lr=lr,
                    elapsed=time.time() - t0)
         log.append(row)
-        if (it + 1) % pt.eval_interval == 0 or it + 1 == pt.max_iters:
+        evaluated = (it + 1) % pt.eval_interval == 0 or it + 1 == pt.max_iters
+        if evaluated:
             row["val_loss"] = val_loss()
+        tblog.write(board, row, "iter")
+        # The line reads what this step computed already: no draw, no evaluation of its own.
+        if evaluated or (it + 1) % pt.log_interval == 0:
             dt = time.time() - t0
             speed = (it + 1 - start) * tokens / (dt - seconds) / 1e3
             eta = (dt - seconds) / (it + 1 - start) * (pt.max_iters - it - 1)
-            print(f"iter {it + 1}/{pt.max_iters} | loss {log[-1]['loss']:.3f} | "
-                  f"val {log[-1]['val_loss']:.3f} | lr {lr:.1e} | {speed:.1f}k tok/s | "
-                  f"eta {fmt_time(eta)}", flush=True)
+            print(log_line(row, pt.max_iters, lr, speed, eta), flush=True)
+        if evaluated:
             state.save_pretrain_state(ckpt_path, stamp, it + 1, model, opt, gen, log, dt,
                                       guard.skipped)
+    tblog.close(board)
     return model, log, time.time() - t0, guard.skipped

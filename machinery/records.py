@@ -159,24 +159,68 @@ def code_difference(record, stamp):
     return None
 
 
-def plan(stages, target, out_dir, records, stamp_of, outputs_of, say=print):
-    """Which stages to run, in order, for `target` ("all" or a stage name); and which finished ones
-    are kept. With "all": a stage runs when its outputs (outputs_of(stage, record): those it makes
-    under the config it was made with) are missing or damaged, or its code changed, with one line
-    saying which; then every later stage runs too, unread (its inputs may be gone). With a name:
-    that stage runs, and every earlier one must be finished. A finished stage that is kept must
-    have been made with the current config and inputs: else RunError, before anything is
+def own_fields(st, stages):
+    """The fields only stage `st` reads, of all `stages`' (DPO's own flags, say)."""
+    others = {f for s in stages if s is not st for f in s.fields}
+    return [f for f in st.fields if f not in others]
+
+
+def without(rec, names):
+    """A record (or stamp) whose config leaves out the fields in `names`."""
+    return dict(rec, config={k: v for k, v in rec["config"].items() if k not in names})
+
+
+def stale_optional(st, records, todo, stamp_of):
+    """Why a finished optional stage that this command does not run no longer matches the folder,
+    in a few words; None when it still does: a stage before it is redone (its inputs go), or its
+    code changed. Its flags are its record's, whatever this command's (train.py keeps them in
+    config.json; a flag only it reads is refused without --stage=NAME)."""
+    rec = records.get(st.name)
+    if rec is None:
+        return None
+    if todo:
+        return f"stage {todo[0].name}, before it, is redone"
+    edited = code_difference(rec, stamp_of(st))
+    return edited and f"its code changed since it was made ({edited})"
+
+
+def plan(stages, target, out_dir, records, stamp_of, outputs_of, say=print, redo=""):
+    """Which stages to run, in order, for `target` ("all" or a stage name); which finished ones
+    are kept; and which finished optional stages go, unread (`stale_optional`). With "all": a
+    stage runs when its outputs (outputs_of(stage, record): those it makes under the config it was
+    made with) are missing or damaged, or its code changed, with one line saying which; then every
+    later stage runs too, unread (its inputs may be gone). With a name: that stage runs, and every
+    earlier one must be finished. redo (--redo_from): with "all", that stage is redone (and so every
+    later one), whatever its record says. A finished stage that is kept must have been made with
+    the current config and inputs: else RunError, naming the ways out, before anything is
     written."""
-    todo, kept = [], []
+    todo, kept, dropped = [], [], []
     for st in stages:
-        # An optional stage (dpo) runs when it is asked for, never as part of "all".
+        # An optional stage (dpo) runs when it is asked for, never as part of "all"; made earlier
+        # and out of date now, its outputs go, with one line.
         if st.optional and target != st.name:
+            why = stale_optional(st, records, todo, stamp_of)
+            if why:
+                say(f"---- stage {st.name}: {why}: its outputs go (--stage={st.name} makes them "
+                    "again) ----")
+                dropped.append(st)
             continue
         # Once one stage runs, every later one is made again.
         if todo and target == "all":
             todo.append(st)
             continue
         rec = records.get(st.name)
+        # After an optional target (dpo) the later stages stay as they are; the flags the target
+        # does not read must still be theirs, or config.json would describe a run the folder does
+        # not hold.
+        if todo and todo[-1].optional:
+            read = set(stamp_of(todo[-1])["config"])
+            diff = rec and first_difference(without(rec, read), without(stamp_of(st), read))
+            if diff:
+                raise RunError(f"stage {st.name} in {out_dir} was made with {diff}, and "
+                               f"--stage={target} does not redo it: leave that flag out (or "
+                               f"redo {st.name} first: --stage={st.name})")
+            continue
         why = "not made" if rec is None else damaged_output(out_dir, rec, outputs_of(st, rec))
         # An edit of the code a finished stage ran is never kept silently: with "all", that stage
         # is redone.
@@ -187,12 +231,15 @@ def plan(stages, target, out_dir, records, stamp_of, outputs_of, say=print):
             raise RunError(f"stage {st.name} in {out_dir} was made by other code ({edited} "
                            "changed since): python train.py redoes it and what follows (or "
                            f"--stage={st.name})")
+        if st.name == redo and not why:
+            why = f"--redo_from={redo}"
         if target == st.name or (target == "all" and why):
             # A stage that was made and is made again says why.
             if target == "all" and rec is not None:
                 say(f"---- stage {st.name}: {why}: redone ----")
             todo.append(st)
-            if target == st.name:
+            # After an optional stage, the finished later ones stay: they are checked as kept.
+            if target == st.name and not st.optional:
                 break
             continue
         if why:
@@ -200,11 +247,11 @@ def plan(stages, target, out_dir, records, stamp_of, outputs_of, say=print):
                            f"--stage={st.name} first (or every stage: no --stage)")
         diff = first_difference(rec, stamp_of(st))
         if diff:
-            raise RunError(f"stage {st.name} in {out_dir} was made with {diff}: add --fresh to "
-                           f"redo every stage, --stage={st.name} to redo it and what follows, or "
-                           "use another --out_dir")
+            raise RunError(f"stage {st.name} in {out_dir} was made with {diff}: add "
+                           f"--redo_from={st.name} to redo it and every stage after it, --fresh to "
+                           "redo every stage, or use another --out_dir")
         kept.append(st.name)
-    return todo, kept
+    return todo, kept, dropped
 
 
 # ---- the code a stage runs, derived from what it reaches ----

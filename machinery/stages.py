@@ -26,12 +26,12 @@ from ppo import PPOConfig, say, train_ppo
 from ref import check_unchanged, load_reference, save_reference
 from reward import (RewardConfig, gold_normaliser, labelled_pairs, load_scalar_model,
                     make_preferences, save_scalar_model, train_reward_model)
-from machinery import dist, provenance, records, store
+from machinery import dist, provenance, records, store, tblog
 from machinery.config import WorldConfig, check_world, fields
 from machinery.errors import RunError
 from machinery.evaluate import (EvalConfig, best_of_k, evaluate_policy, judge_texts,
-                                plot_bestofk, plot_curves, plot_metrics, sample_texts, step0_kl,
-                                write_report)
+                                plot_bestofk, plot_curves, plot_dpo, plot_metrics, plot_reward,
+                                sample_texts, step0_kl, write_report)
 from machinery.precision import autocast, deterministic
 from machinery.pretrain import PretrainConfig, fmt_time, train_gpt
 from machinery.state import load_checkpoint, save_checkpoint
@@ -164,15 +164,18 @@ def stage_reward(cfg, stamp):
     lm, _ = load_checkpoint(path(cfg, "pretrain.pt"), run.device)
     # stages.json vouches for its n_pairs.
     pairs = labelled_pairs(store.load_json(path(cfg, "prefs.jsonl"), lines=True))
-    rm, stats, rows = train_reward_model(lm, pairs, cfg.reward, enc.eot_token, seed=run.seed)
+    # --log_to=tensorboard: every row, as it comes, in out_dir/tb/reward/ too.
+    board = tblog.open_log(run.log_to, run.out_dir, "reward")
+    rm, stats, rows = train_reward_model(lm, pairs, cfg.reward, enc.eot_token, seed=run.seed,
+                                         log=say, board=board)
+    tblog.close(board)
     # torchrun: rank 0 writes.
     if not dist.is_main():
         return
     save_scalar_model(rm, path(cfg, "reward.pt"))
     store.save_json(path(cfg, "reward.json"), stats)
     store.save_json(path(cfg, "reward_metrics.jsonl"), rows, lines=True)
-    plot_curves(rows, "loss", "val_loss", "reward model: Bradley-Terry loss",
-                path(cfg, "reward.png"), x="step")
+    plot_reward(rows, path(cfg, "reward.png"))
     print(f"reward model: held-out accuracy {stats['acc_noisy']:.1%} against the noisy labels, "
           f"{stats['acc_gold']:.1%} against the gold order ({stats['n_val']} pairs; the annotator "
           f"itself agrees with gold on {stats['annotator_agreement']:.1%})")
@@ -262,7 +265,7 @@ def run_ppo(cfg, base, run_dir, stamp, log=say):
                           seconds_per_iter=metrics[-1]["time/elapsed"] / len(metrics),
                           rollbacks=metrics[-1]["policy/rollbacks"])
     store.save_json(os.path.join(run_dir, "ppo.json"), summary)
-    plot_metrics(metrics, os.path.join(run_dir, "ppo.png"))
+    plot_metrics(metrics, os.path.join(run_dir, "ppo.png"), critic=critic is not None)
     # Finished: ppo.json is the record.
     store.remove(os.path.join(run_dir, "ppo_state.pt"))
     return summary
@@ -297,11 +300,14 @@ def run_dpo(cfg, base, run_dir, stamp, log=say):
     made = records.load_records(base).get("reward", {}).get("config", {})
     metrics, val = train_dpo(actor, ref, rm, enc, pairs, cfg, run_dir, stamp, log,
                              prompts["heldout"], made.get("seed", run.seed))
-    # The loss held the actor to π_ref only if π_ref stayed as ref.pt made it (ref.py).
+    # The loss held the actor to π_ref only if π_ref stayed as ref.pt made it (ref.py): else the
+    # run stops, and its state and log go, so that the same command redoes DPO.
     try:
-        check_unchanged(ref, load_reference(os.path.join(base, "ref.pt"), run.device).state())
+        check_unchanged(ref, load_reference(os.path.join(base, "ref.pt"), run.device).state(),
+                        during="DPO")
     except RunError:
         store.remove(os.path.join(run_dir, "dpo_state.pt"))
+        store.remove(os.path.join(run_dir, "dpo_metrics.jsonl"))
         raise
     save_checkpoint(actor, os.path.join(run_dir, "dpo_actor.pt"))
     seed_everything(run.seed + 1)
@@ -316,8 +322,7 @@ def run_dpo(cfg, base, run_dir, stamp, log=say):
                    skipped_updates=metrics[-1]["skipped_updates"],
                    seconds=metrics[-1]["time/elapsed"])
     store.save_json(os.path.join(run_dir, "dpo.json"), summary)
-    plot_curves(metrics, "loss", "eval/kl", "DPO: the loss; eval/kl, the held-out KL (nats)",
-                os.path.join(run_dir, "dpo.png"), x="step")
+    plot_dpo(metrics, os.path.join(run_dir, "dpo.png"))
     store.remove(os.path.join(run_dir, "dpo_state.pt"))
     return summary
 
@@ -373,21 +378,24 @@ TOK = ["tokenizer.bpe", "prompts.json"]
 _PPO_FIELDS = _names(KLConfig, PPOConfig, RefConfig, AnchorConfig, RollbackConfig, EvalConfig)
 STAGES = [
     Stage("world", stage_world, [], WORLD, ["seed"] + _names(WorldConfig), None),
+    # How often a loop prints (log_interval, rm_log_every, dpo_log_every) or saves its state
+    # (save_interval, dpo_save_every) shapes none of its outputs: not among the stage's fields.
     Stage("pretrain", stage_pretrain, ["train.bin", "val.bin"] + TOK,
           ["pretrain.pt", "pretrain.json", "pretrain_metrics.jsonl", "pretrain.png"],
-          _SAMPLING + _names(GPTConfig, PretrainConfig),
+          _SAMPLING + [n for n in _names(GPTConfig, PretrainConfig) if n != "log_interval"],
           "pretrain_ckpt.pt"),
     Stage("reference", stage_reference, ["pretrain.pt"], ["ref.pt"], [], None),
     Stage("preferences", stage_preferences, ["pretrain.pt"] + TOK, ["prefs.jsonl"],
           _SAMPLING + ["n_pairs"], None),
     Stage("reward", stage_reward, ["pretrain.pt", "prefs.jsonl"],
           ["reward.pt", "reward.json", "reward_metrics.jsonl", "reward.png"],
-          ["seed", "dtype"] + _names(RewardConfig), None),
+          ["seed", "dtype"] + [n for n in _names(RewardConfig) if n != "rm_log_every"], None),
     # DPO: the reference inside the loss, from the pretrained model; reward.pt is its evaluation's
     # proxy only.
     Stage("dpo", stage_dpo, ["pretrain.pt", "ref.pt", "reward.pt", "prefs.jsonl"] + TOK,
           ["dpo_actor.pt", "dpo_metrics.jsonl", "dpo.json", "dpo.png"],
-          _SAMPLING + [n for n in _names(DPOConfig, EvalConfig) if n != "dpo_save_every"]
+          _SAMPLING + [n for n in _names(DPOConfig, EvalConfig)
+                       if n not in ("dpo_save_every", "dpo_log_every")]
           + ["rm_val_frac"], "dpo_state.pt", True),
     # train.bin: ptx's windows; prefs.jsonl: the gold scores' normaliser. critic.pt: gae only.
     Stage("ppo", stage_ppo,

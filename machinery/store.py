@@ -173,9 +173,16 @@ def file_hash(path):
 
 
 def not_a_folder(path):
-    """Why `path` is not, and cannot become, a folder (a file there, or a file on the way to it),
-    in a few words; None when it is one or can be made. Asked before any work, by every command
-    that writes into a folder."""
+    """Why `path` is not, and cannot become, a folder (a name that is not valid UTF-8, a file
+    there, or a file on the way to it), in a few words; None when it is one or can be made. Asked
+    before any work, by every command that writes into a folder."""
+    # A name of bytes that are not UTF-8 (Python holds them as surrogates) cannot be written into a
+    # text file, and reports and records name their folder: refused before the work, not after.
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        return ("is not valid UTF-8: the reports and records written there name their folder "
+                "(use a UTF-8 name)")
     if os.path.exists(path):
         return None if os.path.isdir(path) else "is a file, not a folder"
     up = os.path.dirname(os.path.abspath(path))
@@ -227,13 +234,19 @@ def remove_strays(folder):
 class Lock:
     """An exclusive lock on out_dir/.lock for the life of a run; a second run on the folder stops
     at once. Once it is held, what a killed run's writes left half way is removed (remove_strays).
-    sample.py, which writes nothing, takes no lock."""
+    sample.py, which writes nothing, takes no lock. A command that leaves nothing in out_dir but
+    a lock it made (it was refused before any stage wrote) removes that lock on exit, and with
+    `made` (the outermost folder it made for out_dir: out_dir itself, or a folder above it) the
+    folders it made too."""
 
-    def __init__(self, out_dir):
+    def __init__(self, out_dir, made=None):
         self.path = os.path.join(out_dir, ".lock")
+        self.made = made
+        self.new = False
         self.f = None
 
     def __enter__(self):
+        self.new = not os.path.exists(self.path)
         try:
             self.f = open(self.path, "a+")
         except OSError as e:
@@ -254,7 +267,27 @@ class Lock:
         return self
 
     def __exit__(self, *exc):
+        folder = os.path.abspath(os.path.dirname(self.path) or ".")
+        # A folder left empty but for the lock this command made: the lock goes while it is still
+        # held, so no other run can take it in between.
+        try:
+            empty = self.f is not None and self.new and os.listdir(folder) == [".lock"]
+            if empty:
+                os.remove(self.path)
+        except OSError:
+            # The folder or its lock went meanwhile: nothing of it is this command's to remove.
+            empty = False
         # Closing the file releases the lock.
         if self.f is not None:
             self.f.close()
+        # Then each folder made on the way, from out_dir up to `made`; rmdir leaves one that
+        # another process has written into since.
+        unmade = empty and self.made is not None
+        while unmade:
+            try:
+                os.rmdir(folder)
+            except OSError:
+                break
+            unmade = folder != os.path.abspath(self.made)
+            folder = os.path.dirname(folder)
         return False

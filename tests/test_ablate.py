@@ -652,12 +652,15 @@ def test_a_suite_makes_the_main_run_folder_a_fresh_checkout_lacks(tmp_path, monk
     class StagesReached(Exception):
         pass
 
+    out = tmp_path / "new" / "out"
+
+    # The folder is there when the stages start (a command stopped before any stage wrote leaves no
+    # new folder behind: store.Lock).
     def stages_reached(*args, **kwargs):
+        assert out.is_dir()
         raise StagesReached
 
     monkeypatch.setattr(train, "run_stages", stages_reached)
-    out = tmp_path / "new" / "out"
     main = ablate.main if suite == "ablate" else dpo_suite.main
     with pytest.raises(StagesReached):
         main(["--preset=smoke", f"--out_dir={out}", "--seeds=1", "--jobs=1", "--eval_every=1"])
-    assert out.is_dir()

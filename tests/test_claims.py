@@ -231,7 +231,8 @@ def test_a_number_moved_past_its_rounding_is_named_and_slack_admits_it(run, tmp_
 
 
 @pytest.mark.parametrize("argv,why", [(["--slack=-1"], "--slack"), (["--bogus=1"], "unknown flag"),
-                                      (["--exact=1"], "unknown flag"), (["--out_dir"], "unknown flag"),
+                                      (["--exact=yes"], "a boolean flag takes true, false, 1 or 0"),
+                                      (["--out_dir"], "write --out_dir=VALUE"),
                                       (["--out_dir=/nonexistent"], "cannot read /nonexistent/report.json")])
 def test_bad_input_is_one_line_and_exit_2(run, tmp_path, capsys, argv, why):
     path, _ = smoke_readme(run, tmp_path)
@@ -374,3 +375,55 @@ def test_a_new_seeds_cell_that_is_not_an_interval_is_one_line(run, tmp_path, cap
         claims.main([f"--out_dir={run}", f"--readme={path}"])
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and len(err) == 1 and "a new seed's rlhf" in err[0] and "mean [low, high]" in err[0]
+
+
+def refused_line(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        claims.main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1, err
+    return err[0]
+
+
+def test_a_flag_and_its_value_as_two_words_gets_the_way_to_write_it(run, capsys):
+    """As train.py's flags do: the flag and its value are one word."""
+    assert "write --out_dir=/x (" in refused_line(["--out_dir", "/x"], capsys)
+    assert "write --readme=VALUE" in refused_line([f"--out_dir={run}", "--readme"], capsys)
+
+
+def test_exact_takes_the_values_train_pys_booleans_take(run, tmp_path, capsys):
+    path, _ = smoke_readme(run, tmp_path)
+    for flag, what in (("--exact=1", "14 numbers inside the run's own"), ("--exact=true", "14 numbers inside"),
+                       ("--exact=0", "12 numbers inside a new seed's"), ("--exact=false", "12 numbers inside")):
+        assert claims.main([f"--out_dir={run}", f"--readme={path}", flag]) == 0
+        assert what in capsys.readouterr().out, flag
+
+
+def test_a_readme_that_is_not_text_or_too_large_is_named_so(run, tmp_path, capsys):
+    path = tmp_path / "README.md"
+    for content, why in ((bytes(range(256)) * 4, "is not text (not UTF-8): not a README"),
+                         (b"| metric |\x00\x00", "is not text (it holds NUL bytes): not a README"),
+                         (b" " * ((10 << 20) + 1), "is over 10 MB: not a README")):
+        path.write_bytes(content)
+        err = refused_line([f"--out_dir={run}", f"--readme={path}"], capsys)
+        assert why in err and "JSON" not in err, err
+    report = tmp_path / "out" / "report.json"
+    report.parent.mkdir()
+    report.write_bytes(b"\xff\xfe{}")
+    path, _ = smoke_readme(run, tmp_path)
+    assert "is not text (not UTF-8): not a report.json" in refused_line([f"--out_dir={report.parent}",
+                                                                         f"--readme={path}"], capsys)
+
+
+def test_a_table_without_its_separator_line_is_named_so(run, tmp_path, capsys):
+    """Not "has no row 'gold score ...'": markdown makes no table of it."""
+    path, _ = smoke_readme(run, tmp_path)
+    text = open(path).read()
+    separator = "|---" * claims.CELLS + "|---|"
+    for bad in ("", "|---|---|", "| --- | x |" + "---|" * (claims.CELLS - 1)):
+        open(path, "w").write(text.replace(separator + "\n", bad + "\n" if bad else ""))
+        err = refused_line([f"--out_dir={run}", f"--readme={path}"], capsys)
+        assert "not a markdown table" in err and "separator" in err and path in err, err
+    # A separator with alignment colons and spaces is one.
+    open(path, "w").write(text.replace(separator, "| :--- " + "| ---: " * claims.CELLS + "|"))
+    assert claims.main([f"--out_dir={run}", f"--readme={path}"]) == 0

@@ -220,7 +220,8 @@ def test_the_stage_runs_from_train_py_beside_the_pipeline(run, tmp_path, capsys)
 
 @pytest.mark.parametrize("flag, why", [("--dpo_beta=0", ">0"), ("--ipo_tau=-1", ">0"), ("--dpo_epochs=0", ">0"),
                                        ("--dpo_batch_size=100000", "training pairs"),
-                                       ("--dpo_lr=nan", "finite"), ("--dpo_loss=kto", "choose dpo, ipo")])
+                                       ("--dpo_lr=nan", "finite"), ("--dpo_loss=kto", "choose dpo, ipo"),
+                                       ("--dpo_beta=1e308", "fp32"), ("--ipo_tau=1e-300", "fp32")])
 def test_bad_flags_are_one_line_and_nothing_is_lost(run, tmp_path, capsys, flag, why):
     out = copy_run(run, tmp_path)
     before = hashes(out)
@@ -299,10 +300,203 @@ def test_the_suite_draws_each_arm_s_curve_from_the_start_and_reuses_finished_run
 
 @pytest.mark.parametrize("flag, why", [("--arms=dpo_7", "unknown arm"), ("--arms=dpo_0.1,dpo_0.1", "twice"),
                                        ("--dpo_eval_every=0", "must be > 0"), ("--seeds=0", ">= 1"),
-                                       ("--models=model9", "unknown model"), ("--models=model2,model2", "twice")])
+                                       ("--models=model9", "unknown model"), ("--models=model2,model2", "twice"),
+                                       ("--stage=ppo", "leave out --stage")])
 def test_the_suite_refuses_bad_flags_before_any_work(tmp_path, capsys, flag, why):
     from lab import dpo_suite
     with pytest.raises(SystemExit) as e:
         dpo_suite.main(SMOKE + [f"--out_dir={tmp_path}", "--eval_every=1", flag])
     assert e.value.code == 2 and why in capsys.readouterr().err
     assert os.listdir(tmp_path) == []
+
+
+# ---- kill anywhere, resume to the same files ----
+DPO = SMOKE + ["--stage=dpo", "--dpo_epochs=0.2", "--n_eval=8"]
+# What holds the wall clock: every other byte of a resumed run is the uninterrupted run's.
+TIMES = ("time/elapsed", "seconds")
+
+
+def contents(out):
+    """Every file of a run folder as a comparable value: JSON without its wall-clock fields, the
+    records without the hashes of the files that hold them, every other file by its hash."""
+    got = {}
+    for name in sorted(os.listdir(out)):
+        p = os.path.join(out, name)
+        # Other tests' folders inside the shared run are not this run's files.
+        if name in (".lock", "timings.json") or os.path.isdir(p):
+            continue
+        if name.endswith(".jsonl"):
+            got[name] = [{k: v for k, v in r.items() if k not in TIMES}
+                         for r in store.load_json(p, lines=True)]
+        elif name == "stages.json":
+            recs = store.load_json(p)
+            for rec in recs.values():
+                for n in ("dpo.json", "dpo_metrics.jsonl"):
+                    rec["outputs"].pop(n, None)
+            got[name] = recs
+        elif name == "config.json":
+            got[name] = store.load_json(p)
+            got[name]["run"].pop("out_dir")
+        elif name.endswith(".json"):
+            got[name] = {k: v for k, v in store.load_json(p).items() if k not in TIMES}
+        else:
+            got[name] = store.file_hash(p)
+    return got
+
+
+@pytest.fixture(scope="module")
+def dpo_whole(run, tmp_path_factory):
+    """--stage=dpo on a copy of the smoke run, uninterrupted: its folder's contents."""
+    out = copy_run(run, tmp_path_factory.mktemp("dpo_whole"))
+    train.main(DPO + [f"--out_dir={out}"])
+    return contents(out)
+
+
+def kill_at_the_last_step(monkeypatch):
+    save = state.save_dpo_state
+
+    def killed(path, stamp, step, *a):
+        save(path, stamp, step, *a)
+        raise Killed
+    monkeypatch.setattr(state, "save_dpo_state", killed)
+
+
+def kill_in_the_final_evaluation(monkeypatch):
+    def killed(*a, **kw):
+        raise Killed
+    monkeypatch.setattr(stages, "evaluate_policy", killed)
+
+
+def kill_in_the_actor_s_write(monkeypatch):
+    """kill -9 half way through dpo_actor.pt: store's temporary file holds a torn write."""
+    def killed(model, path, **kw):
+        with open(f"{path}.tmp{os.getpid()}", "wb") as f:
+            f.write(b"PK\x03\x04 torn")
+        raise Killed
+    monkeypatch.setattr(stages, "save_checkpoint", killed)
+
+
+@pytest.mark.parametrize("kill", [kill_at_the_last_step, kill_in_the_final_evaluation,
+                                  kill_in_the_actor_s_write])
+def test_killed_anywhere_the_same_command_ends_with_the_uninterrupted_files(run, dpo_whole, tmp_path,
+                                                                             monkeypatch, capsys, kill):
+    """kill -9 at DPO's last step (its state saved, no step left to run), in its final evaluation (dpo_actor.pt
+    written), or inside the write of dpo_actor.pt: the same command resumes from dpo_state.pt and leaves every
+    file as the uninterrupted run does (the wall-clock fields aside), no state and no torn file behind."""
+    out = copy_run(run, tmp_path)
+    with monkeypatch.context() as m:
+        kill(m)
+        with pytest.raises(Killed):
+            train.main(DPO + [f"--out_dir={out}"])
+    assert os.path.exists(os.path.join(out, "dpo_state.pt"))
+    capsys.readouterr()
+    train.main(DPO + [f"--out_dir={out}"])
+    assert "dpo: resuming" in capsys.readouterr().out
+    assert contents(out) == dpo_whole
+    assert not any(".tmp" in n for n in os.listdir(out)) and not os.path.exists(os.path.join(out, "dpo_state.pt"))
+
+
+# ---- a finished DPO in a folder is never described wrongly ----
+def test_a_dpo_flag_without_the_dpo_stage_is_refused_before_any_work(run, tmp_path, capsys):
+    """--dpo_beta=0.5 on a folder whose DPO was made at 0.1: refused (it would do nothing, and config.json would
+    say 0.5), nothing written."""
+    out = copy_run(run, tmp_path)
+    train.main(DPO + [f"--out_dir={out}"])
+    before = hashes(out)
+    err = refused(SMOKE + [f"--out_dir={out}", "--dpo_beta=0.5"], capsys)
+    assert "--dpo_beta" in err and "--stage=dpo" in err
+    assert hashes(out) == before
+
+
+def test_config_json_keeps_the_flags_the_folder_s_dpo_was_made_with(run, tmp_path, capsys):
+    """After --stage=dpo --dpo_epochs=0.2 --n_eval=8, a plain run (--n_eval=16) keeps DPO, and config.json still
+    says 0.2 epochs: --config on it gives back the same DPO."""
+    out = copy_run(run, tmp_path)
+    train.main(DPO + [f"--out_dir={out}"])
+    capsys.readouterr()
+    train.main(SMOKE + [f"--out_dir={out}"])
+    assert "stage dpo" not in capsys.readouterr().out
+    assert store.load_json(os.path.join(out, "config.json"))["dpo"]["dpo_epochs"] == 0.2
+    assert os.path.exists(os.path.join(out, "dpo.json"))
+
+
+def test_ppo_s_flags_under_the_dpo_stage_must_be_the_folder_s(run, tmp_path, capsys):
+    """--stage=dpo with a PPO flag: the folder's own value is accepted; another is refused before any work (it would
+    do nothing, and config.json would describe a PPO the folder does not hold)."""
+    out = copy_run(run, tmp_path)
+    before = hashes(out)
+    err = refused(DPO + [f"--out_dir={out}", "--advantage=rloo"], capsys)
+    assert "stage ppo" in err and "--advantage=rloo" in err and "leave that flag out" in err
+    assert hashes(out) == before
+    train.main(DPO + [f"--out_dir={out}", "--advantage=gae"])
+    assert os.path.exists(os.path.join(out, "dpo.json"))
+
+
+def test_a_dpo_made_by_other_code_goes_under_a_plain_run_with_one_line(run, tmp_path, capsys, monkeypatch):
+    """DPO's code edited since it was made: a plain run (which never runs DPO) removes DPO's outputs and record with
+    one line naming the change, instead of keeping them silently."""
+    out = copy_run(run, tmp_path)
+    train.main(DPO + [f"--out_dir={out}"])
+    real = stages.code_of
+
+    def edited(st, *a):
+        code = real(st, *a)
+        return dict(code, **{"dpo.py:dpo_losses": "edited"}) if st.name == "dpo" else code
+    monkeypatch.setattr(stages, "code_of", edited)
+    capsys.readouterr()
+    train.main(SMOKE + [f"--out_dir={out}"])
+    said = capsys.readouterr().out
+    assert "stage dpo: its code changed since it was made (dpo.py:dpo_losses)" in said
+    assert not any(n.startswith("dpo") for n in os.listdir(out))
+    assert "dpo" not in store.load_json(os.path.join(out, "stages.json"))
+
+
+def test_an_edited_ref_pt_is_refused_before_anything_is_removed(run, tmp_path, capsys):
+    """ref.pt changed and its hash forged in stages.json: --stage=ppo and --stage=dpo refuse it (it is not the
+    frozen copy of pretrain.pt) before the old actor, metrics and report are removed."""
+    out = copy_run(run, tmp_path)
+    model, _ = load_checkpoint(os.path.join(out, "ref.pt"))
+    with torch.no_grad():
+        model.lm_head.weight.mul_(1.01)
+    state.save_checkpoint(model, os.path.join(out, "ref.pt"))
+    recs = store.load_json(os.path.join(out, "stages.json"))
+    forged = store.file_hash(os.path.join(out, "ref.pt"))
+    for rec in recs.values():
+        for part in ("inputs", "outputs"):
+            if "ref.pt" in rec[part]:
+                rec[part]["ref.pt"] = forged
+    store.save_json(os.path.join(out, "stages.json"), recs)
+    before = hashes(out)
+    for stage in ("ppo", "dpo"):
+        err = refused(SMOKE + [f"--out_dir={out}", f"--stage={stage}"], capsys)
+        assert "not the frozen copy" in err and "weight holds other values" in err
+        assert hashes(out) == before
+
+
+def test_a_reference_changed_during_dpo_says_dpo_and_leaves_no_log(run, tmp_path, capsys, monkeypatch):
+    out = copy_run(run, tmp_path)
+    real = dpo.reference_logprobs
+
+    def tampering(ref, *a):
+        with torch.no_grad():
+            ref.model.lm_head.weight.add_(1e-3)
+        return real(ref, *a)
+    monkeypatch.setattr(dpo, "reference_logprobs", tampering)
+    err = refused(DPO + [f"--out_dir={out}"], capsys, code=1)
+    assert "the reference changed during DPO" in err and "weight holds other values" in err
+    assert not any(n.startswith("dpo") for n in os.listdir(out))
+
+
+def test_the_suite_s_run_killed_in_its_final_evaluation_resumes_whole(run, tmp_path, monkeypatch):
+    """lab.dpo_suite's DPO run killed once dpo_actor.pt is written: the same job resumes from its state and its
+    run.json lists every output, dpo_metrics.jsonl with them."""
+    from lab import dpo_suite
+    job = ("dpo_0.1", 1337, SMOKE + ["--dpo_epochs=0.2", "--n_eval=8", "--dpo_eval_every=2"], run,
+           str(tmp_path / "dpo_0.1"), 0, "")
+    with monkeypatch.context() as m:
+        kill_in_the_final_evaluation(m)
+        with pytest.raises(Killed):
+            dpo_suite.dpo_run(job)
+    row = dpo_suite.dpo_run(job)
+    rec = store.load_json(str(tmp_path / "dpo_0.1" / "run.json"))
+    assert {"dpo_actor.pt", "dpo_metrics.jsonl", "dpo.json"} <= set(rec["outputs"]) and row["steps"] == 3

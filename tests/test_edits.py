@@ -216,14 +216,15 @@ def test_every_function_a_stage_runs_is_in_its_digest(tmp_path, monkeypatch):
     small = SMOKE + [f"--out_dir={tmp_path}", "--max_iters=20", "--n_pairs=200", "--ppo_iters=2",
                      "--n_eval=8", "--n_samples=4"]
     train.main(small)
+    # DPO first: under --stage=dpo, PPO's flags must be the folder's PPO's.
+    for flags in (["--dpo_eval_every=1", "--eval_n=4"], ["--dpo_loss=ipo", "--dpo_reference=none"]):
+        train.main(small + ["--stage=dpo", "--dpo_epochs=0.2", "--dpo_batch_size=8"] + flags)
     options = [["--kl_max=5", "--ref_update=sync", "--ref_sync_every=1", "--eval_every=1", "--eval_n=4"],
                ["--ref=lora", "--ptx_coef=0.1", "--minibatch_order=length"],
                ["--advantage=grpo", "--group_size=4", "--kl_in=loss", "--kl_estimator=full", "--reward=gold"],
                ["--stop_kl=0.001", "--ref=int8"]]
     for flags in options:
         train.main(small + ["--stage=ppo"] + flags)
-    for flags in (["--dpo_eval_every=1", "--eval_n=4"], ["--dpo_loss=ipo", "--dpo_reference=none"]):
-        train.main(small + ["--stage=dpo", "--dpo_epochs=0.2", "--dpo_batch_size=8"] + flags)
     assert set(ran) == {st.name for st in stages.STAGES}
     for st in stages.STAGES:
         missing = sorted(ran[st.name] - set(stages.code_of(st)))

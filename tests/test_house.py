@@ -9,7 +9,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FOLDERS = ("machinery", "options", "lab")
 # May import only these.
 GROUND = {"machinery.errors": set(), "machinery.config": {"machinery.errors"},
-          "machinery.store": {"machinery.errors"}, "machinery.dist": {"machinery.errors"}}
+          "machinery.store": {"machinery.errors"}, "machinery.dist": {"machinery.errors"},
+          # TensorBoard's view of the logs: under every stage's loop, on the ground files alone.
+          "machinery.tblog": {"machinery.errors", "machinery.store", "machinery.dist"}}
 MAX_ROOT_FILES = 12
 
 

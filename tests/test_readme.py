@@ -12,8 +12,9 @@ README = os.path.join(ROOT, "README.md")
 DOCS = sorted(os.path.join(ROOT, "docs", n) for n in os.listdir(os.path.join(ROOT, "docs")) if n.endswith(".md"))
 # The PPO loop and what it runs per iteration: each project function they call is named in README.
 LOOP = ["train_ppo", "rollout", "make_experience", "ppo_update", "collect_experience"]
-# How things are stored, reduced, configured and drawn, not the algorithm: their names need not be in README.
-GROUND = {"machinery.store", "machinery.dist", "machinery.errors", "machinery.config", "data"}
+# How things are stored, reduced, configured and drawn, not the algorithm: their names need not be in README
+# (tblog: the rows as TensorBoard events, beside the JSONL store writes).
+GROUND = {"machinery.store", "machinery.dist", "machinery.errors", "machinery.config", "machinery.tblog", "data"}
 ROW = re.compile(r"^\|(?: \d+ \|)? `(\w+(?:/\w+)*\.py)` \| (\d+) \|(.*)\|\s*$")
 RECIPE = re.compile(r"^# (\w+\.py):(\d+), in (\w+)$")
 
