@@ -32,7 +32,8 @@ from torch.nn import functional as F
 from model import response_logits, token_logprobs
 from reward import split_pairs
 from sequences import encode_prompts
-from machinery import evaluate, optim, progress, state, store, tblog
+from machinery import optim, progress, state, store, tblog
+from options import evaluate
 from machinery.config import arg
 
 

@@ -40,7 +40,8 @@ from model import entropy_from_logits, response_logits, token_logprobs
 from ref import check_starts_at
 from reward import gold_scores, response_values, score as reward_score
 from sequences import encode_prompts, join_tokens, masked_mean, response_mask
-from machinery import dist, evaluate, optim, state, store, tblog
+from machinery import dist, optim, state, store, tblog
+from options import evaluate
 from machinery.config import arg
 from machinery.precision import cast_once
 from options import anchors, grpo, rollback

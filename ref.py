@@ -21,14 +21,27 @@ in options/anchors.py; the KL limit that guards the distance to it in options/ro
 Left out: a reference on another device than the actor, reference logits cached across epochs.
 """
 import copy
+from dataclasses import asdict
 import torch
 import torch.nn as nn
 
-from model import response_logits, token_logprobs
-from machinery import dist
+from model import GPT, GPTConfig, response_logits, token_logprobs
+from machinery import dist, store
 from machinery.errors import RunError
 from machinery.precision import bf16_autocast, linears_in_bf16
-from machinery.state import load_checkpoint, save_checkpoint
+
+
+def save_checkpoint(model, path, **extra):
+    store.save_torch({"config": asdict(model.config), "model": model.state_dict(), **extra}, path)
+
+
+def load_checkpoint(path, device="cpu"):
+    """Returns (GPT on device, checkpoint dict). Plain tensors and dicts only: safe with
+    weights_only=True. Read on the CPU, then moved once."""
+    ckpt = store.load_torch(path)
+    model = GPT(GPTConfig(**ckpt["config"]))
+    model.load_state_dict(ckpt["model"])
+    return model.to(device), ckpt
 
 
 def freeze(model):

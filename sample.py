@@ -57,7 +57,7 @@ from sequences import encode_prompts, join_tokens, response_mask
 from machinery.config import RULES, RunConfig, arg, parse_args
 from machinery.errors import RunError, die, run_main
 from machinery.records import load_records
-from machinery.state import load_checkpoint
+from ref import load_checkpoint
 
 # --ckpt -> the file it loads.
 CHECKPOINTS = {"actor": "actor.pt", "pretrain": "pretrain.pt", "dpo": "dpo_actor.pt",

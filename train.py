@@ -13,7 +13,7 @@ Pretraining and PPO save resumable checkpoints: the same command after a kill go
 stopped and ends with the same numbers.
 This file is the driver: GROUPS (the config), `parse` with the checks across fields and files, and
 `run_stages`, which plans from stages.json and runs what is missing. The stages and their table
-(STAGES) are in machinery/stages.py; the PPO loop itself is in ppo.py. The token-by-token page
+(STAGES) are in pipeline/stages.py; the PPO loop itself is in ppo.py. The token-by-token page
 reads a finished run: python -m lab.inspect_page.
 Under `torchrun --standalone --nproc_per_node=N train.py ...` pretraining, the reward model and PPO
 train on N processes (each its share of every batch, gradients averaged: machinery/dist.py); rank 0
@@ -29,25 +29,25 @@ import dataclasses, hashlib, json, os, sys, time
 import torch
 
 import dpo, kl, tokenizer
-from ref import check_copy
 from dpo import DPOConfig
 from kl import KLConfig
 from model import GPTConfig
 from ppo import PPOConfig
+from ref import check_copy
 from reward import RewardConfig
 from machinery import dist, store
 from machinery.config import RunConfig, WorldConfig, check, die, parse_args
 from machinery.errors import RunError, run_main
-from machinery.evaluate import EvalConfig
 from machinery.precision import auto_dtype
-from machinery.pretrain import PretrainConfig
 from machinery.records import load_records, make_record, own_fields, plan, records_path
-from machinery.stages import (BY_NAME, STAGES, build_world_aside, files, load_timings, path,
-                              run_stage, stamp, world_ok)
 from options import anchors, cheap_ref, grpo, rollback
 from options.anchors import AnchorConfig
 from options.cheap_ref import RefConfig
+from options.evaluate import EvalConfig
 from options.rollback import RollbackConfig
+from pipeline.pretrain import PretrainConfig
+from pipeline.stages import (BY_NAME, STAGES, build_world_aside, files, load_timings, path,
+                             run_stage, stamp, world_ok)
 
 GROUPS = dict(run=RunConfig, world=WorldConfig, gpt=GPTConfig, pretrain=PretrainConfig,
               reward=RewardConfig, kl=KLConfig, ppo=PPOConfig, ref=RefConfig, anchor=AnchorConfig,

@@ -73,12 +73,14 @@ import torch
 
 import data, tokenizer, train
 from ppo import PPOConfig
-from machinery import provenance, records, stages, store
+from machinery import provenance, records, store
+from pipeline import stages
 from machinery.config import RunConfig, check_once, override
 from machinery.errors import RunError, die, run_main
-from machinery.evaluate import best_of_k, during_ppo, evaluate_policy, plot_bestofk, sample_texts
+from options.evaluate import best_of_k, during_ppo, evaluate_policy, sample_texts
+from pipeline.report import plot_bestofk
 from machinery.precision import autocast
-from machinery.state import load_checkpoint
+from ref import load_checkpoint
 from lab import overopt
 from lab.tables import (DEFAULT_CONDITION, beta_table, bestofk_cells, bestofk_curves, bestofk_table,
                         models_table, overopt_tables, plot, ref_table, summarise,

@@ -50,13 +50,14 @@ from model import GPT, GPTConfig
 from ppo import PPOConfig, make_experience, minibatches, ppo_update
 from ref import Reference
 from reward import ScalarModel
-from machinery import provenance, records, stages, store
+from machinery import provenance, records, store
+from pipeline import stages
 from machinery.config import check_once, override
 from machinery.errors import RunError, die, run_main
-from machinery.evaluate import step0_kl
+from options.evaluate import step0_kl
 from machinery.optim import StepGuard, adamw, make_optimizers
 from machinery.precision import auto_dtype, autocast, cast_once
-from machinery.state import load_checkpoint
+from ref import load_checkpoint
 from options.cheap_ref import KINDS, make_reference, memory_bytes
 
 ANCHOR = GPTConfig(block_size=64, vocab_size=1024, n_layer=4, n_head=4, n_embd=128)

@@ -48,11 +48,12 @@ import numpy as np
 import torch
 
 import data, tokenizer, train
-from machinery import records, stages, store
+from machinery import records, store
+from pipeline import stages
 from machinery.config import check_once, override
 from machinery.errors import RunError, die, run_main
-from machinery.evaluate import during_ppo
-from machinery.state import load_checkpoint
+from options.evaluate import during_ppo
+from ref import load_checkpoint
 from lab import ablate, overopt
 from lab.tables import bestofk_cells, models_table, t_cell
 

@@ -49,7 +49,7 @@ from machinery import progress, records, store
 from machinery.config import arg, check_once, parse_args, print_help
 from machinery.errors import RunError, die, run_main
 from machinery.precision import cast_once
-from machinery.state import load_checkpoint
+from ref import load_checkpoint
 
 
 @dataclass

@@ -25,7 +25,9 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 import data, ppo, tokenizer, train
 from reward import gold_normaliser
-from machinery import evaluate, provenance, stages, store
+from machinery import provenance, store
+from options import evaluate
+from pipeline import stages
 from machinery.errors import RunError, die, run_main
 from options import cheap_ref
 

@@ -21,7 +21,8 @@ if __name__ == "__main__":
 import glob, os, re, shutil, subprocess, sys
 
 import train
-from machinery import provenance, stages, store
+from machinery import provenance, store
+from pipeline import stages
 from machinery.config import check_once, override
 from machinery.errors import RunError, die, run_main
 

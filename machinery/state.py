@@ -14,27 +14,12 @@ Left out: sharded checkpoints, resuming the preferences and reward stages half w
 from dataclasses import asdict
 import torch
 
-from kl import load_controller
-from model import GPT, GPTConfig
 from machinery import dist, store
 
 # What pretrain_ckpt.pt and ppo_state.pt hold besides their stamp.
 PRETRAIN_STATE = ["iter", "model", "opt", "gen", "rng", "log", "seconds", "skipped"]
 PPO_STATE = ["iter", "actor", "critic", "opts", "skipped", "kl_ctl", "prompt_gen", "rng",
              "pen_ref", "rollback", "metrics"]
-
-
-def save_checkpoint(model, path, **extra):
-    store.save_torch({"config": asdict(model.config), "model": model.state_dict(), **extra}, path)
-
-
-def load_checkpoint(path, device="cpu"):
-    """Returns (GPT on device, checkpoint dict). Plain tensors and dicts only: safe with
-    weights_only=True. Read on the CPU, then moved once."""
-    ckpt = store.load_torch(path)
-    model = GPT(GPTConfig(**ckpt["config"]))
-    model.load_state_dict(ckpt["model"])
-    return model.to(device), ckpt
 
 
 def rng_states():
@@ -126,7 +111,9 @@ def load_ppo_state(path, stamp, log, actor, critic, opts, guards, kl_ctl, gens, 
         o.load_state_dict(sd)
     for g, n in zip(guards, s["skipped"]):
         g.skipped = n
-    load_controller(kl_ctl, s["kl_ctl"])
+    # The β controller's fields, as kl.load_controller sets them.
+    for k, v in s["kl_ctl"].items():
+        setattr(kl_ctl, k, v)
     anchor.load_state_dict(s["pen_ref"], actor)
     if rollback is not None:
         rollback.load_state_dict(s["rollback"])

@@ -39,3 +39,21 @@ def tiny_run(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("tiny"))
     train.main(TINY + [f"--out_dir={out}"])
     return out
+
+
+# The fast loop over the core files, `python -m pytest -q -m core`: every test of these files that needs no
+# pipeline run (the session's `run` or `tiny_run`, which train models for a minute or more) is in it.
+CORE_FILES = {"test_model.py", "test_kl.py", "test_estimators.py", "test_ppo.py", "test_grpo.py",
+              "test_minibatches.py", "test_ref.py", "test_dpo.py", "test_sample.py", "test_core.py"}
+PIPELINE_RUNS = {"run", "tiny_run"}
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "core: the fast loop over the core files (python -m pytest -q -m core)")
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        core = os.path.basename(str(item.fspath)) in CORE_FILES
+        if core and not PIPELINE_RUNS & set(item.fixturenames):
+            item.add_marker(pytest.mark.core)

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 import train
 from lab import ablate, tables
-from machinery import provenance, stages, store
+from machinery import provenance, store
+from pipeline import stages
 from machinery.config import flat
 from conftest import TINY
 
@@ -483,7 +484,7 @@ def test_every_run_gives_train_parse_each_flag_once(run, monkeypatch):
 
 FAILING = """import sys
 from lab import ablate
-from machinery import stages
+from pipeline import stages
 
 
 class Odd(Exception):

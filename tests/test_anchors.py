@@ -5,7 +5,8 @@ import copy, os
 import pytest
 import torch
 import ppo, train
-from machinery import stages, store
+from machinery import store
+from pipeline import stages
 from kl import KLConfig
 from machinery.optim import StepGuard
 from test_ppo import EOS, tiny

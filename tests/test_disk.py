@@ -6,7 +6,8 @@ import errno, os, shutil, subprocess, sys, uuid
 import pytest
 import torch
 import train
-from machinery import records, stages, store
+from machinery import records, store
+from pipeline import stages
 from machinery.errors import RunError
 from test_state import SMOKE, copy_run, hashes, numbers, refused
 

@@ -11,9 +11,10 @@ import torch
 import torch.multiprocessing as mp
 
 import data, ppo, train
-from machinery import dist, optim, records, stages, store
+from machinery import dist, optim, records, store
+from pipeline import stages
 from machinery.config import override
-from machinery.pretrain import PretrainConfig
+from pipeline.pretrain import PretrainConfig
 from conftest import recording_controller
 from machinery.errors import RunError
 from kl import KLConfig

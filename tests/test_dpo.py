@@ -13,8 +13,9 @@ from torch.nn import functional as F
 import dpo, tokenizer, train
 from reward import labelled_pairs, split_pairs
 from ref import load_reference
-from machinery import stages, state, store
-from machinery.state import load_checkpoint
+from machinery import state, store
+from pipeline import stages
+from ref import load_checkpoint
 from test_state import SMOKE, copy_run, hashes, refused
 from conftest import TINY
 

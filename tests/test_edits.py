@@ -5,7 +5,8 @@ of seeding or of what runs on import is seen; PPO's resume and ablate.py's run r
 import glob, os, shutil, subprocess, sys
 import pytest
 from lab import ablate
-from machinery import records, stages, store
+from machinery import records, store
+from pipeline import stages
 from test_state import SMOKE, copy_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -83,12 +84,12 @@ ALL = {"world", "pretrain", "reference", "preferences", "reward", "ppo", "report
     ({"data.py": edit_function("gold_score", "return", "return 0 +")},
      {"pretrain", "preferences", "ppo"}),
     ({"model.py": comment_only, "kl.py": comment_only, "ppo.py": comment_only}, set()),
-    ({"machinery/stages.py": lambda t: t.replace('print(f"reference: frozen copy', 'print(f"reference: a frozen copy')},
+    ({"pipeline/stages.py": lambda t: t.replace('print(f"reference: frozen copy', 'print(f"reference: a frozen copy')},
      {"reference"}),
     # The seeding every stage starts from (stages.run_stage): an edit changes every number.
-    ({"machinery/stages.py": edit_function("seed_everything", "torch.manual_seed(seed)",
+    ({"pipeline/stages.py": edit_function("seed_everything", "torch.manual_seed(seed)",
                                            "torch.manual_seed(seed + 1)")}, ALL),
-    ({"machinery/stages.py": edit_function("run_stage", "seed_everything(cfg.run.seed)",
+    ({"pipeline/stages.py": edit_function("run_stage", "seed_everything(cfg.run.seed)",
                                            "seed_everything(cfg.run.seed + 1)")}, ALL)])
 def test_each_stage_hashes_the_code_it_runs_and_no_more(tmp_path, edits, changed):
     code = code_copy(tmp_path, edits)
@@ -190,7 +191,7 @@ def executed(fn):
         path = c.co_filename
         # The project's own files: the root's and its folders' (not the tests, not a venv inside it).
         folder = os.path.dirname(os.path.relpath(path, ROOT))
-        if not path.startswith(ROOT + os.sep) or folder not in ("", "machinery", "options", "lab") \
+        if not path.startswith(ROOT + os.sep) or folder not in ("", "machinery", "options", "pipeline", "lab") \
                 or c.co_name == "<module>":
             continue
         if path not in spans:

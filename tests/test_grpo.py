@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from machinery.errors import RunError
-from machinery.evaluate import best_of_k, expected_best, pass_at_k
+from options.evaluate import best_of_k, expected_best, pass_at_k
 from kl import KLConfig
 from model import GPT, GPTConfig
 from machinery.optim import StepGuard

@@ -1,12 +1,14 @@
 """How the files stand on each other: the root is the card (at most 12 .py files: the RLHF path and the world),
-the rest lives in machinery/, options/ and lab/; imports only go down (no circle, counting imports inside
-functions); the ground files import nothing of the pipeline; model.py imports only torch; nothing outside lab/
+the rest lives in machinery/, options/, pipeline/ and lab/; imports only go down (no circle, counting imports
+inside functions), also with each folder taken as one floor; machinery/ is the ground (it imports nothing of the
+root or another folder) and pipeline/ is imported by nothing below it; the ground files import nothing of the
+pipeline; model.py imports only torch; nothing outside lab/
 reaches it, even through another file; and TRL's world stays in lab/bench_trl.py."""
 import ast, glob, os
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FOLDERS = ("machinery", "options", "lab")
+FOLDERS = ("machinery", "options", "pipeline", "lab")
 # May import only these.
 GROUND = {"machinery.errors": set(), "machinery.config": {"machinery.errors"},
           "machinery.store": {"machinery.errors"}, "machinery.dist": {"machinery.errors"},
@@ -99,11 +101,11 @@ def test_the_checker_finds_a_circle_closed_by_an_import_inside_a_function():
 
 
 def test_the_checker_reads_imports_from_folders():
-    srcs = {"train": "from machinery import stages\n", "machinery.stages": "from lab.ablate import x\n",
-            "lab.ablate": "def f():\n    import machinery.stages as s\n"}
+    srcs = {"train": "from pipeline import stages\n", "pipeline.stages": "from lab.ablate import x\n",
+            "lab.ablate": "def f():\n    import pipeline.stages as s\n"}
     graph = graph_of(srcs)
-    assert graph["train"] == {"machinery.stages"} and graph["machinery.stages"] == {"lab.ablate"}
-    assert find_circle(graph) == ["lab.ablate", "machinery.stages", "lab.ablate"]
+    assert graph["train"] == {"pipeline.stages"} and graph["pipeline.stages"] == {"lab.ablate"}
+    assert find_circle(graph) == ["lab.ablate", "pipeline.stages", "lab.ablate"]
     assert "lab.ablate" in reached(graph, "train")
 
 
@@ -152,3 +154,40 @@ def test_trl_stays_in_bench_trl():
     assert not bad, f"imports of TRL's world outside lab/bench_trl.py: {bad}"
     # The check sees what it looks for.
     assert imports(srcs["lab.bench_trl"], outside) >= {"trl", "transformers"}
+
+
+def floors(graph):
+    """The graph with each folder as one node (a floor) and each root file as its own."""
+    def floor(m):
+        return m.split(".")[0] if "." in m else m
+    out = {}
+    for m, deps in graph.items():
+        out.setdefault(floor(m), set()).update(floor(d) for d in deps if floor(d) != floor(m))
+    return out
+
+
+def test_the_checker_sees_a_floor_that_stands_both_under_and_over_a_root_file():
+    srcs = {"ppo": "from machinery import state\n", "machinery.state": "import kl\n",
+            "machinery.stages": "import ppo\n", "kl": "import torch\n"}
+    assert find_circle(graph_of(srcs)) is None
+    assert find_circle(floors(graph_of(srcs))) == ["machinery", "ppo", "machinery"]
+
+
+def test_no_floor_stands_both_under_and_over_another():
+    circle = find_circle(floors(graph_of(sources())))
+    assert circle is None, "a folder both imports and is imported by: " + " -> ".join(circle)
+
+
+def test_the_ground_imports_nothing_outside_it():
+    srcs = sources()
+    bad = {m: sorted(d for d in imports(s, srcs) if not d.startswith("machinery."))
+           for m, s in srcs.items() if m.startswith("machinery.")}
+    bad = {m: v for m, v in bad.items() if v}
+    assert not bad, f"machinery/ is the ground, yet: {bad}"
+
+
+def test_the_pipeline_is_imported_only_by_the_driver_and_the_laboratory():
+    graph = graph_of(sources())
+    bad = sorted(m for m, deps in graph.items() if any(d.startswith("pipeline.") for d in deps)
+                 and not m.startswith(("pipeline.", "lab.")) and m != "train")
+    assert not bad, f"files below the pipeline that import it: {bad}"

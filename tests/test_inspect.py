@@ -9,7 +9,7 @@ from machinery import store
 from kl import kl_full
 from model import response_logits, token_logprobs
 from sequences import encode_prompts, join_tokens, response_mask
-from machinery.state import load_checkpoint
+from ref import load_checkpoint
 from reward import load_scalar_model, response_values, score
 
 VOID = {"meta", "br"}

@@ -4,7 +4,7 @@ from torch.nn import functional as F
 import pytest
 from model import GPT, GPTConfig, response_logits, token_logprobs
 from sequences import pad_left, response_mask
-from machinery.state import load_checkpoint, save_checkpoint
+from ref import load_checkpoint, save_checkpoint
 
 CFG = GPTConfig(block_size=48, vocab_size=61, n_layer=2, n_head=4, n_embd=32)
 

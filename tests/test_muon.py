@@ -8,7 +8,7 @@ import torch
 
 from machinery import optim
 from model import GPT, GPTConfig
-from machinery.pretrain import PretrainConfig
+from pipeline.pretrain import PretrainConfig
 
 # Tall, wide and square, as the blocks' matrices are (fc 128x512, proj 512x128, attention 128x128).
 SHAPES = [(24, 72), (72, 24), (40, 40)]

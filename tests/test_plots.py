@@ -7,7 +7,8 @@ import pytest
 
 pytest.importorskip("matplotlib")
 from lab import plot
-from machinery import evaluate, store
+from machinery import store
+from pipeline import report
 
 
 def write_log(folder, name, rows):
@@ -109,10 +110,10 @@ def test_bad_input_is_one_line(tmp_path, capsys):
 
 def test_ppo_png_has_the_panels_a_ppo_user_reads(tmp_path, figures):
     gae, grpo = str(tmp_path / "gae.png"), str(tmp_path / "grpo.png")
-    evaluate.plot_metrics(ppo_rows(6, eval_every=3), gae)
-    evaluate.plot_metrics(ppo_rows(6, critic=False), grpo, critic=False)
+    report.plot_metrics(ppo_rows(6, eval_every=3), gae)
+    report.plot_metrics(ppo_rows(6, critic=False), grpo, critic=False)
     shown = panels(figures[gae])
-    assert list(shown) == [t for t, _ in evaluate.PPO_PANELS]
+    assert list(shown) == [t for t, _ in report.PPO_PANELS]
     assert shown["score"] == ["proxy (reward model)", "gold (simulated human)", "held-out proxy",
                               "held-out gold"]
     assert shown["KL to the reference (nats/seq) and β"] == ["KL", "β (right axis)"]
@@ -125,18 +126,18 @@ def test_ppo_png_has_the_panels_a_ppo_user_reads(tmp_path, figures):
 def test_reward_and_dpo_plots_show_their_steps(tmp_path, figures):
     rows = [{"step": s, "epoch": 1, "loss": 0.7, "accuracy": 0.5, "lr": 1e-3} for s in range(1, 61)]
     rows[-1].update(val_loss=0.6, acc_noisy=0.6, acc_gold=0.7)
-    evaluate.plot_reward(rows, str(tmp_path / "reward.png"))
+    report.plot_reward(rows, str(tmp_path / "reward.png"))
     shown = panels(figures[str(tmp_path / "reward.png")])
     assert shown["Bradley-Terry loss"] == ["train (batch) (mean of 2)", "held-out"]
     assert len(shown) == 2
     dpo = [{"step": s, "loss": 0.69, "rewards/margins": 0.0, "rewards/chosen": 0.0,
             "rewards/rejected": 0.0, "rewards/accuracies": 0.5} for s in range(1, 6)]
-    evaluate.plot_dpo(dpo, str(tmp_path / "dpo.png"))
+    report.plot_dpo(dpo, str(tmp_path / "dpo.png"))
     shown = panels(figures[str(tmp_path / "dpo.png")])
     # Without --dpo_eval_every: three panels, and no held-out entry anywhere.
     assert len(shown) == 3 and not any("held-out" in t or "KL" in " ".join(v)
                                        for t, v in shown.items())
     dpo[-1].update({"eval/kl": 1.0, "eval/gold_mean": 0.5})
-    evaluate.plot_dpo(dpo, str(tmp_path / "dpo_eval.png"))
+    report.plot_dpo(dpo, str(tmp_path / "dpo_eval.png"))
     shown = panels(figures[str(tmp_path / "dpo_eval.png")])
     assert shown["held-out samples"] == ["KL to the reference", "gold (right axis)"]

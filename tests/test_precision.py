@@ -176,7 +176,7 @@ def test_bf16_ppo_starts_exactly_at_the_reference_with_ratio_one(run, tmp_path):
     rollout is exactly 0 nats from the reference (the actor's weights cast by autocast, the reference's copy cast
     once) and the first minibatch of every update has ratio exactly 1."""
     import tokenizer, train, data
-    from machinery import stages
+    from pipeline import stages
     cfg = train.parse(["--preset=smoke", f"--out_dir={run}", "--dtype=bf16", "--ppo_iters=2"])
     stages.seed_everything(cfg.run.seed)
     with autocast(cfg.run.device, cfg.run.dtype):
@@ -195,7 +195,7 @@ def test_bf16_ppo_starts_exactly_at_the_reference_with_ratio_one(run, tmp_path):
 def test_auto_picks_bf16_where_it_is_native_and_is_resolved_before_anything_is_stamped(caps, cuda, want, run,
                                                                                        monkeypatch):
     import train
-    from machinery import stages
+    from pipeline import stages
     monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: caps)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: cuda or including_emulation)
     assert auto_dtype("cpu")[0] == want and auto_dtype("cuda")[0] == ("bf16" if cuda else "fp32")
@@ -225,7 +225,7 @@ def test_an_ablation_run_and_its_baseline_run_in_the_precision_their_records_nam
     bf16), and the pretrained baseline it is compared with is scored in the same precision."""
     import train
     from lab import ablate
-    from machinery import stages
+    from pipeline import stages
     seen = []
 
     def stop(*args, **kw):                                    # what the precision is where the work would start

@@ -9,10 +9,11 @@ import torch
 import torch.nn as nn
 
 import train
-from machinery import optim, stages, store
+from machinery import optim, store
+from pipeline import stages
 from machinery.config import override
-from machinery import pretrain as pretrain_loop
-from machinery.pretrain import PretrainConfig
+from pipeline import pretrain as pretrain_loop
+from pipeline.pretrain import PretrainConfig
 from model import GPT, GPTConfig
 from machinery.optim import Optimizers
 

@@ -16,9 +16,11 @@ import torch
 import data, tokenizer, train
 from ref import load_reference
 from reward import load_scalar_model
-from machinery import evaluate, progress, records, stages, store
+from machinery import progress, records, store
+from options import evaluate
+from pipeline import stages
 from machinery.config import override
-from machinery.state import load_checkpoint
+from ref import load_checkpoint
 from conftest import TINY
 
 # 12 iterations with an evaluation at 6 and 12; 60 pairs: 15 held out, 45 to train on, in 6 batches of 8; responses

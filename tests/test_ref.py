@@ -13,7 +13,7 @@ from options import anchors, cheap_ref, rollback
 from ref import Reference, first_change, load_reference
 from model import response_logits
 from sequences import encode_prompts
-from machinery.state import load_checkpoint
+from ref import load_checkpoint
 from kl import FixedKLController, kl_full
 from machinery.errors import RunError
 from tests.test_dist import Letters, models

@@ -13,9 +13,9 @@ import data, sample, tokenizer
 from model import GPT, response_logits, token_logprobs
 from sequences import encode_prompts, response_mask
 from machinery import store
-from machinery.evaluate import evaluate_policy
-from machinery.stages import load_models, seed_everything
-from machinery.state import load_checkpoint
+from options.evaluate import evaluate_policy
+from pipeline.stages import load_models, seed_everything
+from ref import load_checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROMPT = "review: the nova pro phone\n"

@@ -6,7 +6,8 @@ import pytest
 import torch
 import train
 from lab import inspect_page
-from machinery import stages, store
+from machinery import store
+from pipeline import stages
 from machinery.errors import RunError
 from conftest import TINY
 

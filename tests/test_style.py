@@ -153,7 +153,7 @@ def project_files():
     """Every .py file of the project: the root's and those of its folders (the tests are not
     checked)."""
     paths = glob.glob(os.path.join(ROOT, "*.py"))
-    for folder in ("machinery", "options", "lab"):
+    for folder in ("machinery", "options", "pipeline", "lab"):
         paths += glob.glob(os.path.join(ROOT, folder, "*.py"))
     return sorted(paths)
 
@@ -277,7 +277,7 @@ def test_the_report_lists_twenty_lines_then_a_count():
 def test_the_project_has_files_to_check():
     names = [os.path.relpath(p, ROOT) for p in project_files()]
     assert "train.py" in names and not any("test_" in n for n in names)
-    assert os.path.join("machinery", "stages.py") in names and os.path.join("lab", "ablate.py") in names
+    assert os.path.join("pipeline", "stages.py") in names and os.path.join("lab", "ablate.py") in names
 
 
 # ---- the rules on every file of the project

@@ -11,7 +11,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 import ppo, train
 from conftest import TINY
-from machinery import stages, tblog
+from machinery import tblog
+from pipeline import stages
 from machinery.config import override
 
 # TINY, smaller still (20 pretraining iterations, 100 pairs, 2 PPO iterations of shorter responses),

@@ -4,7 +4,8 @@ import copy, json, math, os, shutil, signal, statistics, subprocess, sys, time
 import pytest
 import torch
 import train
-from machinery import records, stages, store
+from machinery import records, store
+from pipeline import stages
 from conftest import recording_controller
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

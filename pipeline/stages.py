@@ -23,22 +23,22 @@ from dpo import DPOConfig, implicit_accuracy, train_dpo
 from kl import KLConfig
 from model import GPTConfig
 from ppo import PPOConfig, say, train_ppo
-from ref import check_unchanged, load_reference, save_reference
+from ref import check_unchanged, load_checkpoint, load_reference, save_checkpoint, save_reference
 from reward import (RewardConfig, gold_normaliser, labelled_pairs, load_scalar_model,
                     make_preferences, save_scalar_model, train_reward_model)
 from machinery import dist, provenance, records, store, tblog
 from machinery.config import WorldConfig, check_world, fields
 from machinery.errors import RunError
-from machinery.evaluate import (EvalConfig, best_of_k, evaluate_policy, judge_texts,
-                                plot_bestofk, plot_curves, plot_dpo, plot_metrics, plot_reward,
-                                sample_texts, step0_kl, write_report)
 from machinery.precision import autocast, deterministic
-from machinery.pretrain import PretrainConfig, fmt_time, train_gpt
-from machinery.state import load_checkpoint, save_checkpoint
 from options import cheap_ref
 from options.anchors import AnchorConfig
 from options.cheap_ref import RefConfig
+from options.evaluate import (EvalConfig, best_of_k, evaluate_policy, judge_texts, sample_texts,
+                              step0_kl)
 from options.rollback import RollbackConfig
+from pipeline.pretrain import PretrainConfig, fmt_time, train_gpt
+from pipeline.report import (plot_bestofk, plot_curves, plot_dpo, plot_metrics, plot_reward,
+                             write_report)
 
 
 def seed_everything(seed):
