@@ -15,7 +15,7 @@ from reward import labelled_pairs, split_pairs
 from ref import load_reference
 from machinery import state, store
 from pipeline import stages
-from ref import load_checkpoint
+from ref import load_checkpoint, save_checkpoint
 from test_state import SMOKE, copy_run, hashes, refused
 from conftest import TINY
 
@@ -459,7 +459,7 @@ def test_an_edited_ref_pt_is_refused_before_anything_is_removed(run, tmp_path, c
     model, _ = load_checkpoint(os.path.join(out, "ref.pt"))
     with torch.no_grad():
         model.lm_head.weight.mul_(1.01)
-    state.save_checkpoint(model, os.path.join(out, "ref.pt"))
+    save_checkpoint(model, os.path.join(out, "ref.pt"))
     recs = store.load_json(os.path.join(out, "stages.json"))
     forged = store.file_hash(os.path.join(out, "ref.pt"))
     for rec in recs.values():
