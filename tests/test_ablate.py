@@ -305,7 +305,7 @@ def same_numbers(a, b):
 
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc to find the workers")
 def test_a_kill_9_of_ablate_stops_its_workers_and_the_rerun_ends_as_a_clean_run(run):
-    flags = ["--preset=smoke", f"--out_dir={run}", "--conditions=no_kl,fixed_0.5", "--seeds=1", "--ppo_iters=4",
+    flags = ["--preset=smoke", f"--out_dir={run}", "--conditions=no_kl,fixed_0.5", "--seeds=1", "--ppo_iters=2",
              "--n_eval=8", "--jobs=2"]
     p = subprocess.Popen([sys.executable, "-m", "lab.ablate", *flags, "--subdir=ablate_kill"], cwd=ROOT,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
