@@ -94,9 +94,13 @@ def test_a_test_no_worker_ran_fails_the_run(tmp_path):
 
 
 def test_one_worker_runs_everything_in_its_own_process_and_a_bad_count_is_refused(tmp_path):
-    folder = project(tmp_path)
-    p = pytest_in(folder, "--workers=1")
-    assert p.returncode == 0 and "30 passed" in p.stdout and "workers" not in p.stdout
-    assert len(seen(folder)[1]) == 1
+    """--workers=1, and auto where no test trains a pipeline (the fast loop): one process runs all (auto's second
+    worker, started before the collection, runs nothing)."""
+    for args in (["--workers=1"], []):
+        folder = tmp_path / f"w{len(args)}"
+        folder.mkdir()
+        p = pytest_in(project(folder), *args)
+        assert p.returncode == 0 and "30 passed" in p.stdout and "workers" not in p.stdout
+        assert len(seen(folder)[1]) == 1
     p = pytest_in(folder, "--workers=two")
     assert p.returncode == 4 and "--workers=two" in p.stderr
