@@ -95,7 +95,7 @@ def test_a_test_no_worker_ran_fails_the_run(tmp_path):
 
 def test_one_worker_runs_everything_in_its_own_process_and_a_bad_count_is_refused(tmp_path):
     """--workers=1, and auto where no test trains a pipeline (the fast loop): one process runs all (auto's second
-    worker, started before the collection, runs nothing)."""
+    worker is never started)."""
     for args in (["--workers=1"], []):
         folder = tmp_path / f"w{len(args)}"
         folder.mkdir()

@@ -10,7 +10,7 @@ when it failed), and fails the run unless every selected test ran in one of them
     python -m pytest -q --workers=1    # every test in this process (for -s, --pdb, a debugger)
 
 Left out: pytest-xdist's test-by-test scheduling, crash recovery and remote workers."""
-import fcntl, json, os, shutil, signal, subprocess, sys, tempfile, time
+import fcntl, json, os, shutil, signal, subprocess, sys, tempfile
 import pytest
 
 # Set in a worker this file started: "INDEX COUNT FOLDER", the folder holding the claims.
@@ -41,21 +41,17 @@ def add_option(parser):
 PIPELINE_RUNS = {"run", "tiny_run"}
 
 
-def count_wanted(config):
-    """The number of processes the command allows: 1 with -s or --pdb (a terminal is one
-    process's); auto: 2 on a machine with 2 cores or more (pipelines() may still say 1)."""
+def count_wanted(config, items):
+    """The number of processes the run asks for: 1 with -s or --pdb (a terminal is one process's)."""
     value = config.getoption("--workers")
     if config.getoption("capture") == "no" or config.getoption("usepdb"):
         return 1
     if value == "auto":
-        return 2 if (os.cpu_count() or 1) >= 2 else 1
+        pipelines = any(PIPELINE_RUNS & set(item.fixturenames) for item in items)
+        return 2 if (os.cpu_count() or 1) >= 2 and pipelines else 1
     if not value.isdigit() or int(value) < 1:
         raise pytest.UsageError(f"--workers={value}: auto or a whole number of processes, 1 or more")
     return int(value)
-
-
-def pipelines(items):
-    return any(PIPELINE_RUNS & set(item.fixturenames) for item in items)
 
 
 def one_thread():
@@ -71,49 +67,18 @@ def pytest_configure(config):
         index, count, folder = os.environ[ENV].split(" ", 2)
         me.update(index=int(index), count=int(count), folder=folder)
         one_thread()
-        return
-    count = count_wanted(config)
-    if count > 1:
-        # Started now, the others collect their tests while this process collects its own.
-        me.update(count=count, folder=tempfile.mkdtemp(prefix="tether-workers-"))
-        start_workers(config)
-
-
-def decision(count=None):
-    """The worker count once the first process has collected: written there, read (waited for)
-    by the others; a selection with no pipeline test (the fast loop) runs in the first alone."""
-    path = os.path.join(me["folder"], "count")
-    if count is not None:
-        with open(path + ".tmp", "w") as f:
-            f.write(str(count))
-        os.replace(path + ".tmp", path)
-        return count
-    parent = os.getppid()
-    while not os.path.exists(path):
-        # The first process gone without a word (a usage error, a kill): run nothing.
-        if os.getppid() != parent:
-            return 1
-        time.sleep(0.05)
-    with open(path) as f:
-        return int(f.read())
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(session, config, items):
-    """After -m and -k have chosen the tests: how many workers, and slow files first."""
-    if me["count"] == 1:
-        return
-    if me["index"] == 0:
-        if config.getoption("--workers") == "auto" and not pipelines(items):
-            me["count"] = 1
-        decision(me["count"])
-        if me["count"] == 1:
+    """After -m and -k have chosen the tests: slow files first, and the other workers started."""
+    if ENV not in os.environ:
+        count = count_wanted(config, items)
+        if count == 1:
             return
+        me.update(count=count, folder=tempfile.mkdtemp(prefix="tether-workers-"))
         one_thread()
-    elif decision() == 1:
-        me["count"] = 1
-        items[:] = []
-        return
+        start_workers(config)
     order = {name: i for i, name in enumerate(SLOW_FIRST)}
     items.sort(key=lambda item: order.get(os.path.basename(module(item)), len(order)))
 
@@ -202,19 +167,12 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_sessionfinish(session, exitstatus):
-    if me["index"] > 0:
-        if me["count"] > 1:
-            with open(os.path.join(me["folder"], f"done{me['index']}.json"), "w") as f:
-                json.dump(me["outcomes"], f)
-        return
-    if not me["started"]:
-        return
     if me["count"] == 1:
-        # Started, then not needed: they ran nothing.
-        for index, proc, log in me["started"]:
-            proc.wait()
-            log.close()
-        shutil.rmtree(me["folder"], ignore_errors=True)
+        return
+    if me["index"] > 0:
+        done = os.path.join(me["folder"], f"done{me['index']}.json")
+        with open(done, "w") as f:
+            json.dump(me["outcomes"], f)
         return
     # The first process: the others' ends, then whether every selected test ran somewhere.
     interrupted = exitstatus == pytest.ExitCode.INTERRUPTED
