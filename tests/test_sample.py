@@ -162,24 +162,20 @@ def test_a_file_that_is_not_a_gpt_checkpoint_is_one_line_naming_it(run, tmp_path
     assert p.returncode == 2 and p.stderr.count("\n") == 1 and p.stderr.startswith("error: ") and not p.stdout
 
 
-@pytest.mark.parametrize("content", ["{}", "[]", "null", '{"run": 3}', '{"run": {"response_length": "x"}}',
-                                     '{"run": {"response_length": 0}}', '{"run": {"temperature": -1}}', '{"run": '])
-def test_a_config_json_of_the_wrong_shape_is_one_line(run, tmp_path, capsys, content):
+WRONG_SHAPES = [("config.json", c) for c in ["{}", "[]", "null", '{"run": 3}', '{"run": {"response_length": "x"}}',
+                                              '{"run": {"response_length": 0}}', '{"run": {"temperature": -1}}',
+                                              '{"run": ']] + \
+               [("prompts.json", c) for c in ["{}", "[]", '{"heldout": "review: x"}', '{"heldout": [3]}', "{"]]
+
+
+@pytest.mark.parametrize("name,content", WRONG_SHAPES)
+def test_a_config_or_prompts_json_of_the_wrong_shape_is_one_line(run, tmp_path, capsys, name, content):
     out = copy_run(run, tmp_path / "run")
-    with open(os.path.join(out, "config.json"), "w") as f:
+    with open(os.path.join(out, name), "w") as f:
         f.write(content)
     err = refused([f"--out_dir={out}"], capsys)
-    assert "config.json" in err and f"python train.py --out_dir={out}" in err and "the same command" not in err
+    assert name in err and f"python train.py --out_dir={out}" in err and "the same command" not in err
 
-
-
-@pytest.mark.parametrize("content", ["{}", "[]", '{"heldout": "review: x"}', '{"heldout": [3]}', "{"])
-def test_a_prompts_json_of_the_wrong_shape_is_one_line(run, tmp_path, capsys, content):
-    out = copy_run(run, tmp_path / "run")
-    with open(os.path.join(out, "prompts.json"), "w") as f:
-        f.write(content)
-    err = refused([f"--out_dir={out}"], capsys)
-    assert "prompts.json" in err and f"python train.py --out_dir={out}" in err and "the same command" not in err
 
 # Every value the command line's rules refuse, given to the Python API.
 API_REFUSES = [dict(num_samples=0), dict(num_samples=100001), dict(num_samples=2.5), dict(temperature=-1.0),

@@ -136,9 +136,9 @@ def made_once(name, make, out):
             open(shared + ".done", "w").close()
     shutil.copytree(shared, out, dirs_exist_ok=True)
     # As if made in out: config.json's out_dir and report.md's command name the folder.
-    for name in os.listdir(out):
-        path = os.path.join(out, name)
-        if name.endswith((".json", ".md")) and os.path.isfile(path):
+    for entry in os.listdir(out):
+        path = os.path.join(out, entry)
+        if entry.endswith((".json", ".md")) and os.path.isfile(path):
             with open(path, encoding="utf-8") as f:
                 text = f.read()
             if shared in text:
