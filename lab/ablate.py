@@ -25,13 +25,14 @@ seeds each.
 results.md gives each column's mean with a Student-t 95 % interval over seeds, then each condition
 minus `adaptive` (or the suite's first condition) paired over seeds; an interval that holds 0 is
 printed "not separated".
-Each run folder's run.json, written last, records the config, input and output hashes the run was
-made with (as stages.json does for train.py's stages). A run whose record matches the current
-config and inputs, its outputs intact, is reused, so an interrupted ablation goes on where it
-stopped (a run killed half way resumes from its ppo_state.pt); a run with a damaged output, or no
-record, is done again, alone. `--fresh` redoes this command's runs from the start and never touches
-the main run (that is `python train.py --fresh`). Ctrl-C, or a kill -9 of ablate.py, stops every
-worker before it writes another file.
+Each run folder holds what train.py's PPO stage writes but its plot (a run's curves:
+`python -m lab.plot RUN_DIR`), and a run.json, written last, that records the config, input and
+output hashes the run was made with (as stages.json does for train.py's stages). A run whose
+record matches the current config and inputs, its outputs intact, is reused, so an interrupted
+ablation goes on where it stopped (a run killed half way resumes from its ppo_state.pt); a run
+with a damaged output, or no record, is done again, alone. `--fresh` redoes this command's runs
+from the start and never touches the main run (that is `python train.py --fresh`). Ctrl-C, or a
+kill -9 of ablate.py, stops every worker before it writes another file.
 Kept runs: out/ is not part of the project, so each finished run's ppo.json, metrics.jsonl and
 record (with the machine, commit and date that made it) are also kept in
 lab/runs/SUBDIR/COND/SEED/inputs_HASH (--kept=FOLDER; only for the main run folder, out/, unless
@@ -322,6 +323,11 @@ KEPT = ("ppo.json", "metrics.jsonl")
 OUT_DEFAULT = RunConfig().out_dir
 
 
+def unplotted(names):
+    """A stage's outputs less its plots: a suite's runs draw none (stages.run_ppo's plot=False)."""
+    return [n for n in names if not n.endswith(".png")]
+
+
 def run_record(run_dir, stamp, outputs):
     """A run folder's record: as stages.json's, with the inputs in base's folder (the stamp's
     hashes)."""
@@ -455,10 +461,11 @@ def one_run(job):
         if made_on:
             restore(kept_dir, run_dir)
         else:
-            # As train.py runs the stage: seeded, under the run's precision.
-            stages.run_stage(cfg, st, stamp, base=base, run_dir=run_dir, log=quiet)
+            # As train.py runs the stage: seeded, under the run's precision; no ppo.png per run
+            # (the suite's figures draw the runs, python -m lab.plot any run's curves).
+            stages.run_stage(cfg, st, stamp, base=base, run_dir=run_dir, log=quiet, plot=False)
             # Last: a run killed before this line is done again.
-            rec = run_record(run_dir, stamp, stages.files(cfg, st.outputs))
+            rec = run_record(run_dir, stamp, unplotted(stages.files(cfg, st.outputs)))
             store.save_json(os.path.join(run_dir, RECORD), rec)
             made_now = True
     # A finished run not yet kept (or kept under another stamp) is kept.

@@ -23,7 +23,8 @@ gives the implicit reward's accuracy. Every arm is evaluated every --dpo_eval_ev
 (--eval_every PPO iterations) on --eval_n held-out samples drawn from the evaluation's own stream,
 so each run draws a curve of exact KL to the reference against gold; then the final evaluation
 (--n_eval samples), as the report's.
-Each run folder's run.json, written last, records config, inputs, code and outputs (as
+Each run folder holds what train.py's stage writes but its plot (python -m lab.plot draws a run's
+curves) and a run.json, written last, that records config, inputs, code and outputs (as
 stages.json does); a run whose record matches is reused, a killed one resumes from its
 dpo_state.pt (ppo_state.pt), so an interrupted suite goes on where it stopped. As ablate.py's,
 each finished run's result json, metrics and record are also kept in
@@ -191,9 +192,11 @@ def dpo_run(job):
         if made_on:
             ablate.restore(kept_dir, run_dir, KEPT)
         else:
-            stages.run_stage(cfg, st, stamp, base=base, run_dir=run_dir, log=ablate.quiet)
+            # No dpo.png per run: the suite draws its own figures (lab.plot draws any run's).
+            stages.run_stage(cfg, st, stamp, base=base, run_dir=run_dir, log=ablate.quiet,
+                             plot=False)
             # Every output the stage makes under this config, or no record (RunError).
-            rec = ablate.run_record(run_dir, stamp, stages.files(cfg, st.outputs))
+            rec = ablate.run_record(run_dir, stamp, ablate.unplotted(stages.files(cfg, st.outputs)))
             store.save_json(os.path.join(run_dir, ablate.RECORD), rec)
             made_now = True
     # A finished run not yet kept (or kept under another stamp) is kept.

@@ -195,10 +195,11 @@ def load_models(base, device):
     return actor, ref, rm.requires_grad_(False)
 
 
-def run_ppo(cfg, base, run_dir, stamp, log=say):
+def run_ppo(cfg, base, run_dir, stamp, log=say, plot=True):
     """PPO from base's pretrained model, reference and reward model; writes into run_dir actor.pt,
     metrics.jsonl, ppo.json (final evaluation, with the stamp it was made under) and ppo.png. Used
-    by lab/ablate.py too."""
+    by lab/ablate.py too, with plot=False: a suite's runs are drawn by its own figures (and any
+    run's curves by python -m lab.plot RUN_DIR), not one ppo.png each."""
     run = cfg.run
     os.makedirs(run_dir, exist_ok=True)
     enc = tokenizer.load_tokenizer(base, cfg.world.tokenizer)
@@ -265,16 +266,17 @@ def run_ppo(cfg, base, run_dir, stamp, log=say):
                           seconds_per_iter=metrics[-1]["time/elapsed"] / len(metrics),
                           rollbacks=metrics[-1]["policy/rollbacks"])
     store.save_json(os.path.join(run_dir, "ppo.json"), summary)
-    plot_metrics(metrics, os.path.join(run_dir, "ppo.png"), critic=critic is not None)
+    if plot:
+        plot_metrics(metrics, os.path.join(run_dir, "ppo.png"), critic=critic is not None)
     # Finished: ppo.json is the record.
     store.remove(os.path.join(run_dir, "ppo_state.pt"))
     return summary
 
 
-def stage_ppo(cfg, stamp, base=None, run_dir=None, log=say):
+def stage_ppo(cfg, stamp, base=None, run_dir=None, log=say, plot=True):
     """PPO from base's models (out_dir's) into run_dir (out_dir; lab/ablate.py: a run's own folder),
     each line to `log`."""
-    s = run_ppo(cfg, base or cfg.run.out_dir, run_dir or cfg.run.out_dir, stamp, log)
+    s = run_ppo(cfg, base or cfg.run.out_dir, run_dir or cfg.run.out_dir, stamp, log, plot)
     # torchrun: a rank other than 0.
     if s is None:
         return
@@ -285,11 +287,11 @@ def stage_ppo(cfg, stamp, base=None, run_dir=None, log=say):
 
 
 # ---- stage: dpo (optional; the loop is dpo.train_dpo) ----
-def run_dpo(cfg, base, run_dir, stamp, log=say):
+def run_dpo(cfg, base, run_dir, stamp, log=say, plot=True):
     """DPO (or IPO) from base's pretrained model against its frozen reference, on base's
     prefs.jsonl; writes into run_dir dpo_actor.pt, dpo_metrics.jsonl, dpo.json (the report's
     evaluation of the actor, best-of-k, the implicit reward's held-out accuracy, with the stamp)
-    and dpo.png. Used by lab/ablate.py too."""
+    and dpo.png (plot=False: none, as lab/dpo_suite.py's runs). Used by lab/dpo_suite.py too."""
     run = cfg.run
     os.makedirs(run_dir, exist_ok=True)
     enc = tokenizer.load_tokenizer(base, cfg.world.tokenizer)
@@ -322,13 +324,14 @@ def run_dpo(cfg, base, run_dir, stamp, log=say):
                    skipped_updates=metrics[-1]["skipped_updates"],
                    seconds=metrics[-1]["time/elapsed"])
     store.save_json(os.path.join(run_dir, "dpo.json"), summary)
-    plot_dpo(metrics, os.path.join(run_dir, "dpo.png"))
+    if plot:
+        plot_dpo(metrics, os.path.join(run_dir, "dpo.png"))
     store.remove(os.path.join(run_dir, "dpo_state.pt"))
     return summary
 
 
-def stage_dpo(cfg, stamp, base=None, run_dir=None, log=say):
-    s = run_dpo(cfg, base or cfg.run.out_dir, run_dir or cfg.run.out_dir, stamp, log)
+def stage_dpo(cfg, stamp, base=None, run_dir=None, log=say, plot=True):
+    s = run_dpo(cfg, base or cfg.run.out_dir, run_dir or cfg.run.out_dir, stamp, log, plot)
     f = s["final"]
     log(f"dpo: held-out gold {f['gold_mean']:+.2f}, proxy {f['proxy_mean']:+.2f}, KL to "
         f"reference {f['kl']:.2f} nats, well-formed {f['wellformed_rate']:.0%}, length "
