@@ -4,6 +4,8 @@ pretrained model on prefs.jsonl's labelled pairs, with no reward model and no sa
     python train.py --stage=dpo                           # after the reward stage -> dpo.json
     python train.py --stage=dpo --dpo_loss=ipo --ipo_tau=0.1
     python train.py --stage=dpo --dpo_reference=none      # the log-likelihood difference alone
+    python train.py --stage=dpo --dpo_epochs=4 --dpo_eval_every=28   # 4 passes, evaluated
+    python train.py --stage=dpo --dpo_pairs=online        # the policy's own pairs, judged by the RM
     python -m pytest -q tests/test_dpo.py
 
 For a pair (x, y_w chosen, y_l rejected) the policy's and the reference's log-probs of each
@@ -20,8 +22,12 @@ order. The actor runs without dropout, as in PPO. Logged with TRL's DPOTrainer n
 rewards/chosen = c·(log π_θ(y_w) - log π_ref(y_w)) (c: β, or τ for IPO), rewards/rejected likewise,
 rewards/margins their difference, rewards/accuracies the fraction with chosen above rejected,
 logps/chosen and logps/rejected the policy's summed log-probs; each a mean over the batch.
-Left out: label smoothing (cDPO), length normalisation (SimPO), sampling new pairs online, more
-than one process (torchrun is refused).
+--dpo_logps=mean averages each response's log-probs over its tokens (TRL's IPO convention) where
+the paper sums them. --dpo_pairs=online (options/online.py) replaces the labelled pairs by the
+policy's own: each round two answers to each drawn prompt, the judge's (the reward model's, or
+the simulated human's) preferred one chosen, and one step on them.
+Left out: label smoothing (cDPO), length normalisation (SimPO), more than one process (torchrun
+is refused).
 """
 from dataclasses import dataclass
 import math, os, time
@@ -33,7 +39,7 @@ from model import response_logits, token_logprobs
 from reward import split_pairs
 from sequences import encode_prompts
 from machinery import optim, progress, state, store, tblog
-from options import evaluate
+from options import evaluate, online
 from machinery.config import arg
 
 
@@ -46,10 +52,24 @@ class DPOConfig:
     dpo_reference: str = arg("frozen", help="frozen (π_ref's log-probs in the margin) or none "
                              "(zeros: the log-likelihood difference alone)",
                              choices=["frozen", "none"])
-    dpo_epochs: float = arg(1.0, ">0", "passes over the training pairs (a fraction allowed)")
+    dpo_logps: str = arg("sum", help="each response's log-probs summed over its tokens (DPO's, "
+                         "the paper's IPO) or averaged over them (TRL's IPO convention), in "
+                         "policy and reference alike", choices=["sum", "mean"])
+    dpo_pairs: str = arg("offline", help="offline (prefs.jsonl's labelled pairs) or online (each "
+                         "round the policy's own two answers to a prompt, judged: "
+                         "options/online.py)", choices=["offline", "online"])
+    dpo_judge: str = arg("reward", help="online: who picks the chosen answer, the reward model "
+                         "(PPO's proxy) or gold (the simulated human)", choices=["reward", "gold"])
+    online_rounds: int = arg(60, "[1,100000]", "online: rounds, one DPO step each (PPO's "
+                             "ppo_iters)")
+    online_prompts: int = arg(32, "[1,100000]", "online: prompts a round, each answered twice "
+                              "(64 answers: PPO's rollout_batch)")
+    dpo_epochs: float = arg(1.0, ">0", "offline: passes over the training pairs (a fraction "
+                            "allowed)")
     dpo_lr: float = arg(1e-4, ">0", "the policy's AdamW learning rate")
-    dpo_batch_size: int = arg(32, ">0", "pairs per step")
+    dpo_batch_size: int = arg(32, ">0", "offline: pairs per step")
     dpo_eval_every: int = arg(0, ">=0", "steps between held-out evaluations of --eval_n samples "
+                              "and the implicit reward's accuracy on --eval_n held-out pairs "
                               "(eval/ columns of dpo_metrics.jsonl; 0 = off)")
     dpo_save_every: int = arg(50, ">0", "steps between resumable states (dpo_state.pt)")
     # A step is 64 sequences forward and backward, some 0.5 s at the default on 2 cores (estimated
@@ -65,10 +85,22 @@ MAX_BETA = 1e6
 MIN_TAU = 1e-6
 
 
+# The flags that mean something for one source of pairs only: set away from their defaults for
+# the other, they would be ignored without a word, so they are refused.
+OFFLINE_ONLY = ("dpo_epochs", "dpo_batch_size")
+ONLINE_ONLY = ("dpo_judge", "online_rounds", "online_prompts")
+
+
 def check(cfg):
     """Why the DPO settings cannot work, in one line; None when they can (train.parse)."""
     if cfg.run.stage == "dpo" and int(os.environ.get("WORLD_SIZE", 1)) > 1:
         return "--stage=dpo runs on one process: run it with python, not torchrun"
+    defaults = DPOConfig()
+    other = ONLINE_ONLY if cfg.dpo.dpo_pairs == "offline" else OFFLINE_ONLY
+    for name in other:
+        if getattr(cfg.dpo, name) != getattr(defaults, name):
+            return (f"--{name}={getattr(cfg.dpo, name)} has no effect with "
+                    f"--dpo_pairs={cfg.dpo.dpo_pairs}: drop it, or change --dpo_pairs")
     if cfg.dpo.dpo_beta > MAX_BETA:
         return (f"--dpo_beta={cfg.dpo.dpo_beta} is above {MAX_BETA:g}: β·h would leave fp32's "
                 "range (the loss is then a step at h = 0, or infinite)")
@@ -76,7 +108,7 @@ def check(cfg):
         return (f"--ipo_tau={cfg.dpo.ipo_tau} is below {MIN_TAU:g}: the margin's target 1/(2τ) "
                 "would leave fp32's range, far past any margin a response can have")
     n_train = cfg.reward.n_pairs - max(1, int(cfg.reward.n_pairs * cfg.reward.rm_val_frac))
-    if cfg.dpo.dpo_batch_size > n_train:
+    if cfg.dpo.dpo_pairs == "offline" and cfg.dpo.dpo_batch_size > n_train:
         return (f"--dpo_batch_size={cfg.dpo.dpo_batch_size} is more than the {n_train} training "
                 f"pairs (--n_pairs={cfg.reward.n_pairs}, --rm_val_frac={cfg.reward.rm_val_frac})")
     return None
@@ -101,10 +133,14 @@ def pair_tensors(enc, pairs):
     return q, qm, resp, mask
 
 
-def sequence_logprobs(model, q, qm, resp, mask, temperature):
-    """log π(response | prompt) of each row (2b,): the token log-probs summed over the mask."""
+def sequence_logprobs(model, q, qm, resp, mask, temperature, mean=False):
+    """log π(response | prompt) of each row (2b,): the token log-probs summed over the mask;
+    mean: averaged over it instead (--dpo_logps=mean, TRL's IPO)."""
     logits = response_logits(model, q, qm, resp, temperature)  # (2b, R, V)
-    return torch.where(mask, token_logprobs(logits, resp), 0.0).sum(1)  # (2b,)
+    total = torch.where(mask, token_logprobs(logits, resp), 0.0).sum(1)  # (2b,)
+    if mean:
+        return total / mask.sum(1)
+    return total
 
 
 def pair_logprobs(lp):
@@ -114,26 +150,27 @@ def pair_logprobs(lp):
 
 
 @torch.no_grad()
-def all_pair_logprobs(model, enc, pairs, temperature, batch=64, label=""):
-    """`model`'s sequence log-probs of every pair, (n, 2): chosen, rejected; in batches. With a
-    label, a terminal shows `label: done/n pairs` meanwhile (progress.counter)."""
+def all_pair_logprobs(model, enc, pairs, temperature, mean=False, batch=64, label=""):
+    """`model`'s sequence log-probs of every pair, (n, 2): chosen, rejected (mean: per token); in
+    batches. With a label, a terminal shows `label: done/n pairs` meanwhile (progress.counter)."""
     out = []
     t0 = time.time()
     for i in range(0, len(pairs), batch):
         if label:
             progress.counter(label, i, len(pairs), "pairs", t0)
         q, qm, resp, mask = pair_tensors(enc, pairs[i:i + batch])
-        out.append(pair_logprobs(sequence_logprobs(model, q, qm, resp, mask, temperature)))
+        lp = sequence_logprobs(model, q, qm, resp, mask, temperature, mean)  # (2b,)
+        out.append(pair_logprobs(lp))
     if label:
         progress.counter(label, len(pairs), len(pairs), "pairs", t0)
     return torch.cat(out)  # (n, 2)
 
 
-def reference_logprobs(ref, enc, pairs, temperature):
-    """The reference's sequence log-probs of every pair, (n, 2): chosen, rejected. Computed once,
-    by sequence_logprobs, as the policy's are (10,800 training pairs at the default: a terminal
-    counts them)."""
-    return all_pair_logprobs(ref.model, enc, pairs, temperature, label="dpo: reference log-probs")
+def reference_logprobs(ref, enc, pairs, temperature, mean=False, label="dpo: reference log-probs"):
+    """The reference's sequence log-probs of every pair, (n, 2): chosen, rejected. Computed by
+    sequence_logprobs, as the policy's are: offline once, before training (10,800 training pairs
+    at the default: a terminal counts them); online for each round's pairs."""
+    return all_pair_logprobs(ref.model, enc, pairs, temperature, mean, label=label)
 
 
 def margins(policy, reference, cfg):
@@ -173,35 +210,63 @@ def batch_metrics(policy, reference, losses, cfg):
 
 
 @torch.no_grad()
-def implicit_accuracy(actor, ref, enc, pairs, cfg, temperature):
+def implicit_accuracy(actor, ref, enc, pairs, cfg, temperature, reference=None):
     """The implicit reward's held-out accuracy: the fraction of pairs whose margin h ranks them as
     the noisy label does (acc_noisy) and, of the pairs whose gold scores differ, as the gold order
-    does (acc_gold)."""
-    policy = all_pair_logprobs(actor, enc, pairs, temperature)  # (n, 2)
-    h = margins(policy, reference_logprobs(ref, enc, pairs, temperature), cfg)  # (n,)
+    does (acc_gold). reference: the reference's log-probs of these pairs (n, 2), when made
+    already."""
+    mean = cfg.dpo_logps == "mean"
+    policy = all_pair_logprobs(actor, enc, pairs, temperature, mean)  # (n, 2)
+    if reference is None:
+        reference = reference_logprobs(ref, enc, pairs, temperature, mean, "")
+    h = margins(policy, reference, cfg)  # (n,)
     gold = torch.tensor([p["gold_chosen"] - p["gold_rejected"] for p in pairs])
     decided = gold != 0
     return dict(acc_noisy=(h > 0).float().mean().item(),
                 acc_gold=((h[decided] > 0) == (gold[decided] > 0)).float().mean().item())
 
 
-def train_dpo(actor, ref, rm, enc, pairs, cfg, run_dir, stamp, log, heldout, split_seed):
-    """DPO (or IPO) on `pairs` (reward.labelled_pairs of prefs.jsonl): the reward model's training
-    split (split_seed: the seed the reward model was trained under), in batches drawn from a
-    generator of --seed; the actor trained in place. Writes
+def offline_batch(train, cached, order, step, per_epoch, dc, gen):
+    """An offline step's pairs and their cached reference log-probs (b, 2): each epoch a
+    permutation of the training pairs from the run's generator, cut into batches. Returns (pairs,
+    reference, this epoch's permutation)."""
+    if step % per_epoch == 0 or order is None:
+        order = torch.randperm(len(train), generator=gen)
+    k = step % per_epoch
+    idx = order[k * dc.dpo_batch_size:(k + 1) * dc.dpo_batch_size]
+    return [train[i] for i in idx.tolist()], cached[idx], order
+
+
+def train_dpo(actor, ref, rm, enc, pairs, cfg, run_dir, stamp, log, prompts, split_seed,
+              gold_norm):
+    """DPO (or IPO) on `pairs` (reward.labelled_pairs of prefs.jsonl), the actor trained in place.
+    Offline: the reward model's training split (split_seed: the seed the reward model was trained
+    under), in batches drawn from a generator of --seed. Online: each round the pairs
+    options/online.py makes from the actor's own answers to the training prompts (a generator of
+    --seed draws them, as PPO's; gold_norm: the gold judge's units), one step each. Writes
     run_dir/dpo_metrics.jsonl as it goes and run_dir/dpo_state.pt every dpo_save_every steps, so a
     killed run resumes to an uninterrupted run's numbers; a line to `log` every dpo_log_every
-    steps. rm: the proxy of --dpo_eval_every's
-    evaluations. Returns (metrics, held-out pairs)."""
+    steps. rm: the proxy of the evaluations (and the online judge); prompts: {"train", "heldout"}.
+    Returns (metrics, held-out pairs)."""
     run, dc = cfg.run, cfg.dpo
+    mean = dc.dpo_logps == "mean"
     val, train = split_pairs(pairs, cfg.reward.rm_val_frac, np.random.default_rng(split_seed))
-    cached = reference_logprobs(ref, enc, train, run.temperature)  # (n, 2)
+    if dc.dpo_pairs == "offline":
+        cached = reference_logprobs(ref, enc, train, run.temperature, mean)  # (n, 2)
+        per_epoch = math.ceil(len(train) / dc.dpo_batch_size)
+        steps = max(1, math.ceil(dc.dpo_epochs * per_epoch))
+    else:
+        steps = dc.online_rounds
+    # --dpo_eval_every: the implicit reward on the first --eval_n held-out pairs, its reference's
+    # log-probs made once.
+    probe = val[:cfg.eval.eval_n]
+    probe_ref = None
+    if dc.dpo_eval_every:
+        probe_ref = reference_logprobs(ref, enc, probe, run.temperature, mean, "")
     opt = optim.adamw([p for p in actor.parameters() if p.requires_grad], dc.dpo_lr,
                       weight_decay=0.0)
     guard = optim.StepGuard("DPO", "lower --dpo_lr, or --dpo_beta (raise --ipo_tau)")
     gen = torch.Generator().manual_seed(run.seed)
-    per_epoch = math.ceil(len(train) / dc.dpo_batch_size)
-    steps = max(1, math.ceil(dc.dpo_epochs * per_epoch))
     state_path = os.path.join(run_dir, "dpo_state.pt")
     metrics_path = os.path.join(run_dir, "dpo_metrics.jsonl")
     metrics, start, order = state.load_dpo_state(state_path, stamp, log, actor, opt, guard, gen)
@@ -214,32 +279,43 @@ def train_dpo(actor, ref, rm, enc, pairs, cfg, run_dir, stamp, log, heldout, spl
     # Dropout off, as in PPO; gradients still flow.
     actor.eval()
     for step in range(start, steps):
-        # Each epoch a permutation of the training pairs from the run's generator.
-        if step % per_epoch == 0 or order is None:
-            order = torch.randperm(len(train), generator=gen)
-        k = step % per_epoch
-        idx = order[k * dc.dpo_batch_size:(k + 1) * dc.dpo_batch_size]
-        chunk = [train[i] for i in idx.tolist()]
-        q, qm, resp, mask = (x.to(run.device) for x in pair_tensors(enc, chunk))
-        lp = sequence_logprobs(actor, q, qm, resp, mask, run.temperature)  # (2b,)
-        policy = pair_logprobs(lp)  # (b, 2)
-        reference = cached[idx].to(policy)  # (b, 2)
-        losses = dpo_losses(margins(policy, reference, dc), dc)
-        guard.backward_and_step(losses.mean(), opt, list(actor.parameters()), 1.0)
-        row = {"step": step + 1, "epoch": (step + 1) / per_epoch,
-               **batch_metrics(policy.detach(), reference, losses.detach(), dc),
-               "skipped_updates": guard.skipped, "time/elapsed": time.time() - t0}
+        row = {"step": step + 1}
+        # 1. this step's pairs and the reference's log-probs of them
+        if dc.dpo_pairs == "offline":
+            chunk, reference, order = offline_batch(train, cached, order, step, per_epoch, dc, gen)
+            row["epoch"] = (step + 1) / per_epoch
+        else:
+            chunk, info = online.round_pairs(actor, rm, enc, prompts["train"], cfg, gen,
+                                             gold_norm)
+            reference = reference_logprobs(ref, enc, chunk, run.temperature, mean, "")
+            row.update(info)
+        # 2. the policy's log-probs, the loss, a step (none for a round whose pairs all tied)
+        if chunk:
+            q, qm, resp, mask = (x.to(run.device) for x in pair_tensors(enc, chunk))
+            lp = sequence_logprobs(actor, q, qm, resp, mask, run.temperature, mean)  # (2b,)
+            policy = pair_logprobs(lp)  # (b, 2)
+            reference = reference.to(policy)  # (b, 2)
+            losses = dpo_losses(margins(policy, reference, dc), dc)
+            guard.backward_and_step(losses.mean(), opt, list(actor.parameters()), 1.0)
+            row.update(batch_metrics(policy.detach(), reference, losses.detach(), dc))
+        row.update({"skipped_updates": guard.skipped, "time/elapsed": time.time() - t0})
+        # 3. --dpo_eval_every: the policy on held-out prompts, the implicit reward on held-out
+        # pairs
         if dc.dpo_eval_every and ((step + 1) % dc.dpo_eval_every == 0 or step + 1 == steps):
-            row.update(evaluate.during_ppo(actor, enc, heldout, run, ref, rm, cfg.eval))
+            row.update(evaluate.during_ppo(actor, enc, prompts["heldout"], run, ref, rm,
+                                           cfg.eval))
+            implicit = implicit_accuracy(actor, ref, enc, probe, dc, run.temperature, probe_ref)
+            row.update({f"eval/implicit_{k}": v for k, v in implicit.items()})
         metrics.append(row)
         store.save_json(metrics_path, metrics, lines=True)
         tblog.write(board, row, "step")
         # Every dpo_log_every steps and at the last, from the row: nothing computed for it.
         if (step + 1) % dc.dpo_log_every == 0 or step + 1 == steps:
             left = progress.fmt_time(progress.eta(t0, step + 1, steps))
-            log(f"dpo step {step + 1}/{steps} | loss {row['loss']:.3f} | margins "
-                f"{row['rewards/margins']:+.3f} | acc {row['rewards/accuracies']:.2f} | "
-                f"logp chosen {row['logps/chosen']:.1f} | eta {left}")
+            log(f"dpo step {step + 1}/{steps} | loss {row.get('loss', math.nan):.3f} | margins "
+                f"{row.get('rewards/margins', math.nan):+.3f} | acc "
+                f"{row.get('rewards/accuracies', math.nan):.2f} | logp chosen "
+                f"{row.get('logps/chosen', math.nan):.1f} | eta {left}")
         if (step + 1) % dc.dpo_save_every == 0 or step + 1 == steps:
             state.save_dpo_state(state_path, stamp, step + 1, metrics, actor, opt, guard, gen,
                                  order)

@@ -127,15 +127,16 @@ def load_ppo_state(path, stamp, log, actor, critic, opts, guards, kl_ctl, gens, 
 
 
 # ---- DPO ----
-DPO_STATE = ["iter", "actor", "opt", "skipped", "gen", "order", "metrics"]
+DPO_STATE = ["iter", "actor", "opt", "skipped", "gen", "order", "rng", "metrics"]
 
 
 def save_dpo_state(path, stamp, step, metrics, actor, opt, guard, gen, order):
-    """dpo_state.pt after `step`: the actor's trainable part, its optimizer, the batch generator
-    and this epoch's permutation, the metrics so far."""
+    """dpo_state.pt after `step`: the actor's trainable part, its optimizer, the batch (online: the
+    prompts') generator and this epoch's permutation, the RNG states (online DPO samples), the
+    metrics so far."""
     store.save_torch(dict(stamp=stamp, iter=step, actor=trainable_state(actor),
                           opt=opt.state_dict(), skipped=guard.skipped, gen=gen.get_state(),
-                          order=order, metrics=metrics), path)
+                          order=order, rng=rng_states(), metrics=metrics), path)
 
 
 def load_dpo_state(path, stamp, log, actor, opt, guard, gen):
@@ -150,5 +151,6 @@ def load_dpo_state(path, stamp, log, actor, opt, guard, gen):
     opt.load_state_dict(s["opt"])
     guard.skipped = s["skipped"]
     gen.set_state(s["gen"])
+    set_rng_states(s["rng"])
     log(f"dpo: resuming from {path} after step {s['iter']}")
     return s["metrics"], s["iter"], s["order"]

@@ -297,11 +297,14 @@ def run_dpo(cfg, base, run_dir, stamp, log=say, plot=True):
     enc = tokenizer.load_tokenizer(base, cfg.world.tokenizer)
     prompts = data.load_prompts(base)
     actor, ref, rm = load_models(base, run.device)
-    pairs = labelled_pairs(store.load_json(os.path.join(base, "prefs.jsonl"), lines=True))
+    rows = store.load_json(os.path.join(base, "prefs.jsonl"), lines=True)
+    pairs = labelled_pairs(rows)
     # The reward model's split, also when --seed (the batches', the evaluations') is another.
     made = records.load_records(base).get("reward", {}).get("config", {})
-    metrics, val = train_dpo(actor, ref, rm, enc, pairs, cfg, run_dir, stamp, log,
-                             prompts["heldout"], made.get("seed", run.seed))
+    # Online: the gold judge's units, as PPO's --reward=gold.
+    gold_norm = gold_normaliser(rows)
+    metrics, val = train_dpo(actor, ref, rm, enc, pairs, cfg, run_dir, stamp, log, prompts,
+                             made.get("seed", run.seed), gold_norm)
     # The loss held the actor to π_ref only if π_ref stayed as ref.pt made it (ref.py): else the
     # run stops, and its state and log go, so that the same command redoes DPO.
     try:
@@ -399,7 +402,7 @@ STAGES = [
           ["dpo_actor.pt", "dpo_metrics.jsonl", "dpo.json", "dpo.png"],
           _SAMPLING + [n for n in _names(DPOConfig, EvalConfig)
                        if n not in ("dpo_save_every", "dpo_log_every")]
-          + ["rm_val_frac"], "dpo_state.pt", True),
+          + ["rm_val_frac", "missing_eos_penalty"], "dpo_state.pt", True),
     # train.bin: ptx's windows; prefs.jsonl: the gold scores' normaliser. critic.pt: gae only.
     Stage("ppo", stage_ppo,
           ["pretrain.pt", "ref.pt", "reward.pt", "train.bin", "prefs.jsonl"] + TOK,

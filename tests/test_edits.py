@@ -81,8 +81,9 @@ ALL = {"world", "pretrain", "reference", "preferences", "reward", "ppo", "report
     ({"kl.py": new_constant}, set()),
     ({"kl.py": edit_function("kl_k1", "logp - logp_ref", "logp - logp_ref + 0")}, {"ppo"}),
     ({"model.py": gpt_forward_edit}, {"pretrain", "reference", "preferences", "reward", "ppo", "report", "dpo"}),
+    # dpo: online DPO's gold judge and its rounds' gold scores.
     ({"data.py": edit_function("gold_score", "return", "return 0 +")},
-     {"pretrain", "preferences", "ppo"}),
+     {"pretrain", "preferences", "ppo", "dpo"}),
     ({"model.py": comment_only, "kl.py": comment_only, "ppo.py": comment_only}, set()),
     ({"pipeline/stages.py": lambda t: t.replace('print(f"reference: frozen copy', 'print(f"reference: a frozen copy')},
      {"reference"}),
@@ -204,7 +205,8 @@ def executed(fn):
 
 def test_every_function_a_stage_runs_is_in_its_digest(tmp_path, monkeypatch):
     """The smoke pipeline, made smaller, run with each stage under a profiler, then PPO again under options that
-    take other paths (a KL limit, a moving anchor, LoRA, GRPO, evaluation during PPO, the pretraining mix, int8):
+    take other paths (a KL limit, a moving anchor, LoRA, GRPO, evaluation during PPO, the pretraining mix, int8),
+    and DPO offline and online:
     every project function, method and lambda that ran inside a stage is a piece of that stage's code digest, so
     no code a stage runs can change without the stage being redone."""
     import train
@@ -218,8 +220,12 @@ def test_every_function_a_stage_runs_is_in_its_digest(tmp_path, monkeypatch):
                      "--n_eval=8", "--n_samples=4"]
     train.main(small)
     # DPO first: under --stage=dpo, PPO's flags must be the folder's PPO's.
-    for flags in (["--dpo_eval_every=1", "--eval_n=4"], ["--dpo_loss=ipo", "--dpo_reference=none"]):
-        train.main(small + ["--stage=dpo", "--dpo_epochs=0.2", "--dpo_batch_size=8"] + flags)
+    offline = ["--dpo_epochs=0.2", "--dpo_batch_size=8"]
+    for flags in (offline + ["--dpo_eval_every=1", "--eval_n=4"],
+                  offline + ["--dpo_loss=ipo", "--dpo_reference=none"],
+                  ["--dpo_pairs=online", "--online_rounds=2", "--online_prompts=4", "--dpo_judge=gold",
+                   "--dpo_logps=mean", "--dpo_eval_every=2", "--eval_n=4"]):
+        train.main(small + ["--stage=dpo"] + flags)
     options = [["--kl_max=5", "--ref_update=sync", "--ref_sync_every=1", "--eval_every=1", "--eval_n=4"],
                ["--ref=lora", "--ptx_coef=0.1", "--minibatch_order=length"],
                ["--advantage=grpo", "--group_size=4", "--kl_in=loss", "--kl_estimator=full", "--reward=gold"],
