@@ -1,10 +1,16 @@
-"""Does DPO need the reference? DPO at five β, IPO at two τ and DPO with the reference's log-probs
-replaced by zeros, over several seeds, each evaluated on held-out prompts as it trains, on one
-gold-KL frontier with PPO (adaptive and fixed β) and best-of-n by the proxy.
+"""Does DPO need the reference, and is its gap to PPO the loss or the data? DPO at five β, IPO at
+two τ (and TRL's per-token IPO), DPO with the reference's log-probs replaced by zeros, and online
+DPO (the policy's own pairs each round, judged by the reward model or by the simulated human, with
+and without the reference), over several seeds, each evaluated on held-out prompts as it trains,
+on one gold-KL frontier with PPO (adaptive and fixed β) and best-of-n by the proxy.
 
-    python -m lab.dpo_suite                  # 5 seeds x 14 arms, and 3 of them on two more
+    python -m lab.dpo_suite                  # 5 seeds x 20 arms, and 3 of them on two more
                                              # pretrained models -> out/dpo_suite/
                                              # (dpo.md, dpo.json, frontier.png, examples.md)
+    python -m lab.dpo_suite --subdir=dpo_epochs --arms=dpo_0.1,dpo_0.3,ipo_0.1,noref_0.1 \
+        --dpo_epochs=4 --dpo_eval_every=26 --models=
+                                             # 4 passes over the pairs, evaluated 13 times each
+                                             # -> out/dpo_epochs/
     python -m lab.dpo_suite --quick          # one seed, short runs -> out/dpo_suite_quick/
     python -m lab.dpo_suite --arms=dpo_0.1,noref_0.1 --seeds=2 --dpo_epochs=2
                                              # any train.py flag passes through
@@ -14,6 +20,9 @@ gold-KL frontier with PPO (adaptive and fixed β) and best-of-n by the proxy.
     python -m lab.dpo_suite --models=        # the main pretrained model only
     python -m lab.dpo_suite --kept=          # no kept runs taken or kept (default: lab/runs)
 
+Online arms (online_*) run --online_rounds rounds of --online_prompts prompts x 2 answers (PPO's
+60 x 64 by default), evaluated every 6 rounds; --dpo_epochs and --dpo_batch_size reach the offline
+arms only, --dpo_judge and --online_* the online ones (arm_flags).
 The pretrained model, frozen reference, reward model and prefs.jsonl are --out_dir's (built by
 train.py's stages when missing), so only the method differs between arms. Run k has --seed + k:
 DPO's batch order and its evaluations' sampling, or PPO's rollouts; the base is the same for
@@ -48,7 +57,7 @@ import multiprocessing, os, sys, time
 import numpy as np
 import torch
 
-import data, tokenizer, train
+import data, dpo, tokenizer, train
 from machinery import records, store
 from pipeline import stages
 from machinery.config import check_once, override
@@ -60,10 +69,21 @@ from lab.tables import bestofk_cells, models_table, t_cell
 
 BETAS = ("0.05", "0.1", "0.3", "1", "5")
 TAUS = ("0.1", "1")
-# arm -> its flags: DPO at each β, IPO at each τ, DPO without the reference at each β.
+# Online DPO's rounds: PPO's 60 iterations of 64 answers; evaluated every 6, as PPO's arms.
+ONLINE = ["--dpo_pairs=online", "--dpo_eval_every=6"]
+# arm -> its flags: DPO at each β, IPO at each τ (and TRL's per-token IPO at τ 0.1), DPO without
+# the reference at each β; online DPO judged by the reward model at two β and without the
+# reference, and judged by the simulated human with and without it.
 ARMS = {**{f"dpo_{b}": [f"--dpo_beta={b}"] for b in BETAS},
         **{f"ipo_{t}": ["--dpo_loss=ipo", f"--ipo_tau={t}"] for t in TAUS},
-        **{f"noref_{b}": ["--dpo_reference=none", f"--dpo_beta={b}"] for b in BETAS}}
+        "ipomean_0.1": ["--dpo_loss=ipo", "--ipo_tau=0.1", "--dpo_logps=mean"],
+        **{f"noref_{b}": ["--dpo_reference=none", f"--dpo_beta={b}"] for b in BETAS},
+        "online_0.1": ONLINE + ["--dpo_beta=0.1"],
+        "online_0.3": ONLINE + ["--dpo_beta=0.3"],
+        "online_noref_0.1": ONLINE + ["--dpo_beta=0.1", "--dpo_reference=none"],
+        "online_gold_0.1": ONLINE + ["--dpo_beta=0.1", "--dpo_judge=gold"],
+        "online_gold_noref_0.1": ONLINE + ["--dpo_beta=0.1", "--dpo_judge=gold",
+                                           "--dpo_reference=none"]}
 # PPO's arms: ablate.py's conditions of the same names.
 PPO_ARMS = {"ppo_adaptive": "adaptive", "ppo_fixed_0.05": "fixed_0.05"}
 # The arms that also run on the other pretrained models (--models).
@@ -72,11 +92,26 @@ MODEL_ARMS = ("dpo_0.1", "noref_0.1", "ppo_adaptive")
 # iterations: 10.
 SUITE_FLAGS = ["--dpo_eval_every=28", "--eval_every=6"]
 QUICK = ["--dpo_epochs=0.1", "--dpo_eval_every=7", "--rollout_batch=32", "--ppo_iters=12",
-         "--eval_every=3", "--n_eval=64"]
+         "--eval_every=3", "--n_eval=64", "--online_rounds=12", "--online_prompts=16"]
 # What a kept DPO run keeps: its result json first (ablate.keep reads its seconds), its metrics.
 KEPT = ("dpo.json", "dpo_metrics.jsonl")
 # KLs at which the frontier table reads every trajectory (nats).
 KLS = (1, 2, 4, 6)
+
+
+def arm_flags(arm, rest):
+    """An arm's train.py flags: the suite's and the user's, less those of the other source of
+    pairs (--dpo_epochs and --dpo_batch_size reach the offline arms, --dpo_judge and --online_*
+    the online ones, neither the PPO arms), then the arm's own."""
+    own = ARMS[arm] if arm in ARMS else ablate.CONDITIONS[PPO_ARMS[arm]]
+    other = dpo.OFFLINE_ONLY if "--dpo_pairs=online" in own else dpo.ONLINE_ONLY
+    return override([a for a in rest if a[2:].partition("=")[0] not in other], own)
+
+
+def shared(rest):
+    """The flags as the suite's own parses read them (the main run, the evaluations' streams): the
+    online arms' flags left out, as the offline and PPO arms get them."""
+    return [a for a in rest if a[2:].partition("=")[0] not in dpo.ONLINE_ONLY]
 
 
 def parse(argv):
@@ -86,7 +121,7 @@ def parse(argv):
         sys.exit(0)
     check_once(argv)
     opts = dict(quick=False, seeds=5, arms=",".join(list(ARMS) + list(PPO_ARMS)), jobs=2,
-                bon="12x256", models=",".join(ablate.MODELS), kept=ablate.KEPT_DIR)
+                bon="12x256", models=",".join(ablate.MODELS), kept=ablate.KEPT_DIR, subdir="")
     user = []
     for a in argv:
         name, _, value = a[2:].partition("=")
@@ -126,8 +161,8 @@ def parse(argv):
     rest = override(override(SUITE_FLAGS, QUICK if opts["quick"] else []), user)
     # Each arm's flags fail here, before any work.
     for a in arms:
-        train.parse(override(rest, ARMS[a] if a in ARMS else ablate.CONDITIONS[PPO_ARMS[a]]))
-    cfg = train.parse(rest)
+        train.parse(arm_flags(a, rest))
+    cfg = train.parse(shared(rest))
     if cfg.run.stage != "all":
         die(f"the suite runs the stages each arm needs: leave out --stage (got --stage="
             f"{cfg.run.stage})")
@@ -136,7 +171,10 @@ def parse(argv):
             "--eval_every must be > 0")
     if cfg.run.seed + opts["seeds"] > 2 ** 31:
         die(f"--seed={cfg.run.seed} with --seeds={opts['seeds']}: a run's seed would be >= 2^31")
-    opts["subdir"] = "dpo_suite_quick" if opts["quick"] else "dpo_suite"
+    if not opts["subdir"]:
+        opts["subdir"] = "dpo_suite_quick" if opts["quick"] else "dpo_suite"
+    if os.sep in opts["subdir"] or opts["subdir"] in (".", ".."):
+        die(f"bad value for --subdir: {opts['subdir']!r} (a folder name inside --out_dir)")
     d = os.path.join(cfg.run.out_dir, opts["subdir"])
     if store.not_a_folder(cfg.run.out_dir) or store.not_a_folder(d):
         die(f"--out_dir={cfg.run.out_dir}: not a folder")
@@ -173,8 +211,7 @@ def dpo_run(job):
     arm, seed, rest, base, run_dir, threads, kept_dir = job
     if threads:
         torch.set_num_threads(threads)
-    own = ARMS[arm] + [f"--seed={seed}", f"--out_dir={base}", "--stage=dpo"]
-    cfg = train.parse(override(rest, own))
+    cfg = train.parse(override(rest, [f"--seed={seed}", f"--out_dir={base}", "--stage=dpo"]))
     st = stages.BY_NAME["dpo"]
     stamp = stages.stamp(cfg, st)
     if kept_dir:
@@ -308,7 +345,7 @@ def plot(trajs, order, bon, starts, png):
         return
     fig, axes = plt.subplots(1, 2, figsize=(13, 5))
     start_gold = float(np.mean([s["eval/gold_mean"] for s in starts.values()]))
-    styles = {"dpo": "-", "ipo": "-.", "nor": ":", "ppo": "--"}
+    styles = {"dpo": "-", "ipo": "-.", "nor": ":", "ppo": "--", "onl": (0, (5, 1, 1, 1))}
     for i, arm in enumerate(order):
         ts = list(trajs[arm].values())
         n = min(len(t["kl"]) for t in ts)
@@ -355,12 +392,12 @@ def examples(cfg, base, adir, order, seed, n=3):
 
 
 def suite(opts, rest):
-    cfg = train.parse(rest)
+    cfg = train.parse(shared(rest))
     base = cfg.run.out_dir
     started = time.time()
     # The main run's folder, made when missing (a fresh checkout has no out/), as train.py's.
     with train.open_folder(cfg):
-        main_run = train.parse(override(rest, ["--stage=all"]))
+        main_run = train.parse(override(shared(rest), ["--stage=all"]))
         main_run.run.fresh = False
         train.run_stages(main_run, upto="reward")
         adir = os.path.join(base, opts["subdir"])
@@ -374,7 +411,7 @@ def suite(opts, rest):
         for m in (m for m in opts["models"] if set(order) & set(MODEL_ARMS)):
             name, flags = ablate.BASE_OF[m]
             bases[m] = (os.path.join(adir, "bases", name), os.path.join(adir, m))
-            ablate.make_base(rest, base, bases[m][0], flags)
+            ablate.make_base(shared(rest), base, bases[m][0], flags)
         # Every arm on the main model, MODEL_ARMS' on the others. A row's condition: its arm,
         # with the model's name after it on another model.
         jobs, names = [], []
@@ -386,8 +423,8 @@ def suite(opts, rest):
                     kept = None
                     if opts["kept"]:
                         kept = os.path.join(opts["kept"], opts["subdir"], *where)
-                    jobs.append((a, seed0 + k, rest, b, os.path.join(folder, *where[-2:]),
-                                 threads, kept))
+                    jobs.append((a, seed0 + k, arm_flags(a, rest), b,
+                                 os.path.join(folder, *where[-2:]), threads, kept))
                     names.append(a if m == "main" else f"{a}_{m}")
         print(f"dpo_suite: {len(jobs)} runs ({opts['jobs']} at a time) into {adir}", flush=True)
         rows, pool = [], None
@@ -412,7 +449,7 @@ def suite(opts, rest):
         heldout = data.load_prompts(base)["heldout"]
         starts, trajs = {}, {}
         for k in range(opts["seeds"]):
-            scfg = train.parse(override(rest, [f"--seed={seed0 + k}"]))
+            scfg = train.parse(override(shared(rest), [f"--seed={seed0 + k}"]))
             starts[seed0 + k] = during_ppo(actor, enc, heldout, scfg.run, ref, rm, scfg.eval)
         for arm in order:
             name = "dpo_metrics.jsonl" if arm in ARMS else "metrics.jsonl"

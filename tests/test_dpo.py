@@ -256,11 +256,15 @@ def test_the_suite_draws_each_arm_s_curve_from_the_start_and_reuses_finished_run
     out = copy_run(tiny_run, tmp_path)
     kept = tmp_path / "kept"
     # 0.6 epochs of the tiny run's 150 training pairs: 3 steps of 32, as 0.2 of the smoke run's 450 give.
-    argv = TINY + [f"--out_dir={out}", "--arms=dpo_0.1,noref_0.1,ppo_adaptive,dpo_1", "--seeds=2", "--jobs=1",
-                   "--dpo_epochs=0.6", "--ppo_iters=2", "--dpo_eval_every=2", "--eval_every=1", "--eval_n=8", "--n_eval=8",
-                   "--bon=2x4", "--models=model2", f"--kept={kept}"]
+    argv = TINY + [f"--out_dir={out}", "--arms=dpo_0.1,noref_0.1,ppo_adaptive,dpo_1,online_gold_0.1", "--seeds=2",
+                   "--jobs=1", "--dpo_epochs=0.6", "--ppo_iters=2", "--dpo_eval_every=2", "--eval_every=1", "--eval_n=8",
+                   "--n_eval=8", "--bon=2x4", "--models=model2", f"--kept={kept}", "--online_rounds=2",
+                   "--online_prompts=4", "--subdir=dpo_s"]
     dpo_suite.main(argv)
-    adir = os.path.join(out, "dpo_suite")
+    adir = os.path.join(out, "dpo_s")
+    # The online arm: its own rounds (the offline flags do not reach it), evaluated every 6 rounds and at the last.
+    online = store.load_json(os.path.join(adir, "online_gold_0.1", "seed1337", "dpo_metrics.jsonl"), lines=True)
+    assert [r["step"] for r in online] == [1, 2] and "eval/kl" in online[-1] and "pairs/ties" in online[0]
     result = store.load_json(os.path.join(adir, "dpo.json"))
     for arm in ("dpo_0.1", "noref_0.1", "ppo_adaptive"):
         for seed in ("1337", "1338"):
@@ -278,7 +282,8 @@ def test_the_suite_draws_each_arm_s_curve_from_the_start_and_reuses_finished_run
     main = store.load_json(os.path.join(adir, "dpo_0.1", "seed1338", "run.json"))["inputs"]
     assert on2["pretrain.pt"] != main["pretrain.pt"] and on2["prefs.jsonl"] != main["prefs.jsonl"]
     names = {r["condition"] for r in store.load_json(os.path.join(adir, "results.jsonl"), lines=True)}
-    assert names == {f"{a}{m}" for a in ("dpo_0.1", "noref_0.1", "ppo_adaptive") for m in ("", "_model2")} | {"dpo_1"}
+    assert names == {f"{a}{m}" for a in ("dpo_0.1", "noref_0.1", "ppo_adaptive") for m in ("", "_model2")} | \
+        {"dpo_1", "online_gold_0.1"}
     assert not os.path.exists(os.path.join(adir, "model2", "dpo_1"))      # MODEL_ARMS alone on the other models
     assert "| dpo_0.1 |" in md.split("2 pretrained models (main, model2;")[1]
     assert md.count("2 pretrained models (main, model2;") == 2          # against PPO; without against with
@@ -288,13 +293,13 @@ def test_the_suite_draws_each_arm_s_curve_from_the_start_and_reuses_finished_run
     dpo_suite.main(argv)
     assert os.path.getmtime(record) == made
     assert open(os.path.join(adir, "dpo.md")).read().split("\nMade by")[0] == md.split("\nMade by")[0]
-    assert os.path.exists(kept / "dpo_suite" / "model2" / "dpo_0.1" / "seed1338")
-    for d in ("dpo_0.1", "noref_0.1", "ppo_adaptive", "dpo_1", "model2"):
+    assert os.path.exists(kept / "dpo_s" / "model2" / "dpo_0.1" / "seed1338")
+    for d in ("dpo_0.1", "noref_0.1", "ppo_adaptive", "dpo_1", "online_gold_0.1", "model2"):
         shutil.rmtree(os.path.join(adir, d))
     dpo_suite.main(argv)
     again = open(os.path.join(adir, "dpo.md")).read()
     assert again.split("\nMade by")[0] == md.split("\nMade by")[0]
-    assert "14 of the 14 runs were made by earlier commands and kept (" in again
+    assert "16 of the 16 runs were made by earlier commands and kept (" in again
     assert not os.path.exists(os.path.join(adir, "dpo_0.1", "seed1337", "dpo_actor.pt"))   # nothing ran
     assert "(a kept run: its weights were not kept)" in open(os.path.join(adir, "examples.md")).read()
 
@@ -302,7 +307,7 @@ def test_the_suite_draws_each_arm_s_curve_from_the_start_and_reuses_finished_run
 @pytest.mark.parametrize("flag, why", [("--arms=dpo_7", "unknown arm"), ("--arms=dpo_0.1,dpo_0.1", "twice"),
                                        ("--dpo_eval_every=0", "must be > 0"), ("--seeds=0", ">= 1"),
                                        ("--models=model9", "unknown model"), ("--models=model2,model2", "twice"),
-                                       ("--stage=ppo", "leave out --stage")])
+                                       ("--stage=ppo", "leave out --stage"), ("--subdir=a/b", "--subdir")])
 def test_the_suite_refuses_bad_flags_before_any_work(tmp_path, capsys, flag, why):
     from lab import dpo_suite
     with pytest.raises(SystemExit) as e:
