@@ -274,7 +274,46 @@ def trajectory(rows, start, x):
                  eos="eval/eos_rate", distinct="eval/distinct_2")
     out = {k: [start[v]] + [r[v] for r in evals] for k, v in names.items()}
     out["x"] = [0] + [r[x] for r in evals]
+    # Offline DPO: the passes over the pairs at each evaluation, and the implicit reward's
+    # held-out accuracy there (none at the start: the pretrained model has no implicit reward).
+    if evals and "epoch" in evals[0]:
+        out["epoch"] = [0.0] + [r["epoch"] for r in evals]
+        out["acc_noisy"] = [None] + [r.get("eval/implicit_acc_noisy") for r in evals]
     return out
+
+
+def by_epoch(trajs, order):
+    """With more than one pass over the pairs: each offline arm at the end of each epoch (the
+    evaluation made there), gold, exact KL and the implicit reward's held-out accuracy, then the
+    change in gold from the first epoch's end to the last's, per run (does gold fall while the KL
+    grows?); empty when no arm ran past one epoch."""
+    arms = [a for a in order if a in trajs and all("epoch" in t for t in trajs[a].values())]
+    last = {a: min(int(t["epoch"][-1]) for t in trajs[a].values()) for a in arms}
+    arms = [a for a in arms if last[a] > 1]
+    if not arms:
+        return ""
+    top = max(last.values())
+    md = ["", "By epoch: each run's evaluation at the end of each pass over the training pairs "
+          "(gold / exact KL / the implicit reward's accuracy on the first --eval_n held-out pairs, "
+          "noisy labels), the mean over seeds:", "",
+          "| arm | " + " | ".join(f"epoch {e}" for e in range(1, top + 1))
+          + " | Δ gold, last − first epoch |", "|---" * (top + 2) + "|"]
+    for arm in arms:
+        ts = list(trajs[arm].values())
+        cells = []
+        for e in range(1, top + 1):
+            at = [t["epoch"].index(float(e)) if float(e) in t["epoch"] else None for t in ts]
+            if None in at:
+                cells.append("—")
+                continue
+            cells.append(" / ".join(t_cell([t[k][i] for t, i in zip(ts, at)], fmt)
+                                    for k, fmt in (("gold", "{:+.2f}"), ("kl", "{:.1f}"),
+                                                   ("acc_noisy", "{:.2f}"))))
+        first = [t["gold"][t["epoch"].index(1.0)] for t in ts]
+        final = [t["gold"][t["epoch"].index(float(last[arm]))] for t in ts]
+        md.append(f"| {arm} | " + " | ".join(cells) + " | "
+                  + t_cell([b - a for a, b in zip(first, final)]) + " |")
+    return "\n".join(md) + "\n"
 
 
 def tables(rows, trajs, order, bon):
@@ -464,7 +503,8 @@ def suite(opts, rest):
         bon = overopt.bon_curve(ablate.bon_pool(cfg, base, prompts, per), ns)
         md = (f"# python -m lab.dpo_suite {' '.join(sys.argv[1:])}\n\n{len(jobs)} runs; the mean "
               f"over seeds [Student-t 95 % interval, n = {opts['seeds']}]; held-out prompts.\n\n"
-              + tables(rows, trajs, order, bon) + models_tables(rows, order, opts["models"])
+              + tables(rows, trajs, order, bon) + by_epoch(trajs, order)
+              + models_tables(rows, order, opts["models"])
               + "\n" + made[1] + "\n")
         store.write_text(os.path.join(adir, "dpo.md"), md)
         store.save_json(os.path.join(adir, "results.jsonl"), rows, lines=True)

@@ -506,3 +506,21 @@ def test_the_suite_s_run_killed_in_its_final_evaluation_resumes_whole(run, tmp_p
     row = dpo_suite.dpo_run(job)
     rec = store.load_json(str(tmp_path / "dpo_0.1" / "run.json"))
     assert {"dpo_actor.pt", "dpo_metrics.jsonl", "dpo.json"} <= set(rec["outputs"]) and row["steps"] == 3
+
+
+def test_the_epoch_table_reads_each_run_at_the_end_of_each_pass():
+    """dpo_suite.by_epoch on two runs of 2 epochs, evaluated twice an epoch: the cells are the evaluations at
+    epochs 1 and 2 exactly (not the ones half way), Δ gold their difference per run; no table for one epoch."""
+    from lab import dpo_suite
+    from lab.tables import t_cell
+
+    def run(gold):
+        return dict(epoch=[0.0, 0.5, 1.0, 1.5, 2.0], gold=gold, kl=[0, 1, 2, 3, 4],
+                    acc_noisy=[None, 0.5, 0.6, 0.7, 0.8])
+    trajs = {"dpo_0.1": {1337: run([0, 9, 1.0, 9, 0.5]), 1338: run([0, 9, 2.0, 9, 1.0])}}
+    md = dpo_suite.by_epoch(trajs, ["dpo_0.1"])
+    row = next(line for line in md.splitlines() if line.startswith("| dpo_0.1 |")).split(" | ")
+    assert row[1] == " / ".join([t_cell([1.0, 2.0]), t_cell([2, 2], "{:.1f}"), t_cell([0.6, 0.6], "{:.2f}")])
+    assert row[3].rstrip(" |") == t_cell([-0.5, -1.0])
+    one = {"dpo_0.1": {1337: dict(epoch=[0.0, 0.5, 1.0], gold=[0, 1, 2], kl=[0, 1, 2], acc_noisy=[None, 1, 1])}}
+    assert dpo_suite.by_epoch(one, ["dpo_0.1"]) == ""
