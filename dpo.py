@@ -153,12 +153,13 @@ def pair_logprobs(lp):
 def all_pair_logprobs(model, enc, pairs, temperature, mean=False, batch=64, label=""):
     """`model`'s sequence log-probs of every pair, (n, 2): chosen, rejected (mean: per token); in
     batches. With a label, a terminal shows `label: done/n pairs` meanwhile (progress.counter)."""
+    device = next(model.parameters()).device
     out = []
     t0 = time.time()
     for i in range(0, len(pairs), batch):
         if label:
             progress.counter(label, i, len(pairs), "pairs", t0)
-        q, qm, resp, mask = pair_tensors(enc, pairs[i:i + batch])
+        q, qm, resp, mask = (x.to(device) for x in pair_tensors(enc, pairs[i:i + batch]))
         lp = sequence_logprobs(model, q, qm, resp, mask, temperature, mean)  # (2b,)
         out.append(pair_logprobs(lp))
     if label:
@@ -219,11 +220,19 @@ def implicit_accuracy(actor, ref, enc, pairs, cfg, temperature, reference=None):
     policy = all_pair_logprobs(actor, enc, pairs, temperature, mean)  # (n, 2)
     if reference is None:
         reference = reference_logprobs(ref, enc, pairs, temperature, mean, "")
-    h = margins(policy, reference, cfg)  # (n,)
+    h = margins(policy, reference.to(policy), cfg).cpu()  # (n,)
     gold = torch.tensor([p["gold_chosen"] - p["gold_rejected"] for p in pairs])
     decided = gold != 0
     return dict(acc_noisy=(h > 0).float().mean().item(),
                 acc_gold=((h[decided] > 0) == (gold[decided] > 0)).float().mean().item())
+
+
+def evaluation_due(step, steps, dc, row):
+    """True when --dpo_eval_every asks for an evaluation after `step` (0-based): every
+    dpo_eval_every steps, at the last, and offline at the end of each pass over the pairs (so
+    each epoch is read where it ends)."""
+    at_epoch_end = "epoch" in row and float(row["epoch"]).is_integer()
+    return (step + 1) % dc.dpo_eval_every == 0 or step + 1 == steps or at_epoch_end
 
 
 def offline_batch(train, cached, order, step, per_epoch, dc, gen):
@@ -280,16 +289,18 @@ def train_dpo(actor, ref, rm, enc, pairs, cfg, run_dir, stamp, log, prompts, spl
     actor.eval()
     for step in range(start, steps):
         row = {"step": step + 1}
-        # 1. this step's pairs and the reference's log-probs of them
+        # 1. This step's pairs, and the reference's log-probs of them.
         if dc.dpo_pairs == "offline":
             chunk, reference, order = offline_batch(train, cached, order, step, per_epoch, dc, gen)
             row["epoch"] = (step + 1) / per_epoch
         else:
             chunk, info = online.round_pairs(actor, rm, enc, prompts["train"], cfg, gen,
                                              gold_norm)
-            reference = reference_logprobs(ref, enc, chunk, run.temperature, mean, "")
             row.update(info)
-        # 2. the policy's log-probs, the loss, a step (none for a round whose pairs all tied)
+            # A round whose answers all tied has no pair: no step.
+            if chunk:
+                reference = reference_logprobs(ref, enc, chunk, run.temperature, mean, "")
+        # 2. The policy's log-probs, the loss and a step.
         if chunk:
             q, qm, resp, mask = (x.to(run.device) for x in pair_tensors(enc, chunk))
             lp = sequence_logprobs(actor, q, qm, resp, mask, run.temperature, mean)  # (2b,)
@@ -299,9 +310,9 @@ def train_dpo(actor, ref, rm, enc, pairs, cfg, run_dir, stamp, log, prompts, spl
             guard.backward_and_step(losses.mean(), opt, list(actor.parameters()), 1.0)
             row.update(batch_metrics(policy.detach(), reference, losses.detach(), dc))
         row.update({"skipped_updates": guard.skipped, "time/elapsed": time.time() - t0})
-        # 3. --dpo_eval_every: the policy on held-out prompts, the implicit reward on held-out
-        # pairs
-        if dc.dpo_eval_every and ((step + 1) % dc.dpo_eval_every == 0 or step + 1 == steps):
+        # 3. With --dpo_eval_every: the policy on held-out prompts and the implicit reward on
+        # held-out pairs, every so many steps, at the end of each epoch and at the last step.
+        if dc.dpo_eval_every and evaluation_due(step, steps, dc, row):
             row.update(evaluate.during_ppo(actor, enc, prompts["heldout"], run, ref, rm,
                                            cfg.eval))
             implicit = implicit_accuracy(actor, ref, enc, probe, dc, run.temperature, probe_ref)

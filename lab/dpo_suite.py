@@ -99,6 +99,13 @@ KEPT = ("dpo.json", "dpo_metrics.jsonl")
 KLS = (1, 2, 4, 6)
 
 
+# What the arms set, each its own way: from the command line they would relabel an arm (a user's
+# --dpo_logps=mean would make ipo_0.1 ipomean_0.1), so they are refused there. The evaluations'
+# spacing is the suite's (the online arms evaluate every 6 rounds whatever --dpo_eval_every says).
+ARM_FIELDS = ("dpo_loss", "dpo_beta", "ipo_tau", "dpo_reference", "dpo_logps", "dpo_pairs",
+              "dpo_judge")
+
+
 def arm_flags(arm, rest):
     """An arm's train.py flags: the suite's and the user's, less those of the other source of
     pairs (--dpo_epochs and --dpo_batch_size reach the offline arms, --dpo_judge and --online_*
@@ -133,6 +140,10 @@ def parse(argv):
                 die(f"bad value for --{name}: {value!r}")
         else:
             user.append(a)
+    given = [a for a in user if a[2:].partition("=")[0] in ARM_FIELDS]
+    if given:
+        die(f"{given[0].partition('=')[0]} is set by each arm: choose the arms with --arms "
+            f"(ARMS in lab/dpo_suite.py)")
     arms = opts["arms"].split(",")
     unknown = [a for a in arms if a not in ARMS and a not in PPO_ARMS]
     if unknown:
@@ -282,6 +293,14 @@ def trajectory(rows, start, x):
     return out
 
 
+def epoch_change(t, last):
+    """A run's gold at the end of epoch `last` minus at the end of the first; None when it was not
+    evaluated at both."""
+    if not {1.0, float(last)} <= set(t["epoch"]):
+        return None
+    return t["gold"][t["epoch"].index(float(last))] - t["gold"][t["epoch"].index(1.0)]
+
+
 def by_epoch(trajs, order):
     """With more than one pass over the pairs: each offline arm at the end of each epoch (the
     evaluation made there), gold, exact KL and the implicit reward's held-out accuracy, then the
@@ -309,10 +328,10 @@ def by_epoch(trajs, order):
             cells.append(" / ".join(t_cell([t[k][i] for t, i in zip(ts, at)], fmt)
                                     for k, fmt in (("gold", "{:+.2f}"), ("kl", "{:.1f}"),
                                                    ("acc_noisy", "{:.2f}"))))
-        first = [t["gold"][t["epoch"].index(1.0)] for t in ts]
-        final = [t["gold"][t["epoch"].index(float(last[arm]))] for t in ts]
-        md.append(f"| {arm} | " + " | ".join(cells) + " | "
-                  + t_cell([b - a for a, b in zip(first, final)]) + " |")
+        # A run evaluated at the end of its first and its last epoch (every run, as dpo.py
+        # evaluates at each epoch's end): the change between them.
+        change = [epoch_change(t, last[arm]) for t in ts]
+        md.append(f"| {arm} | " + " | ".join(cells) + " | " + t_cell(change) + " |")
     return "\n".join(md) + "\n"
 
 

@@ -12,7 +12,8 @@ generator of --seed), the answers sampled at the sampling temperature. The judge
 as PPO's reward does: `reward` is the reward model's score (the proxy PPO maximises), `gold` the
 simulated human's in the reward model's units (PPO's --reward=gold); both take
 --missing_eos_penalty off an answer without end-of-text. The higher score is the chosen answer; a
-tie says nothing about which is better, so its pair is left out of the round. With the same
+tie (or the same answer twice) says nothing about which is better, so its pair is left out of the
+round. With the same
 budget in sampled answers as PPO (60 rounds of 32 prompts x 2 = 60 x 64), offline and online DPO
 differ in their data alone.
 Left out: more than two answers a prompt (best against worst of k), a language model as the judge.
@@ -30,17 +31,13 @@ def draw(prompts, n, gen):
     return [prompts[i] for i in drawn.tolist()]
 
 
-def judge_scores(judge, rm, enc, texts, joined, response, penalty, gold_norm):
-    """The judge's score (N,) of each answer, and the simulated human's raw gold scores (N,):
-    `reward` the reward model's (as PPO's scores), `gold` the gold score normalised as PPO's
-    --reward=gold; less the end-of-text penalty either way."""
-    gold = gold_scores(enc, texts, response)  # (N,)
-    truncated = ~(response == enc.eot_token).any(1)  # (N,)
+def judge_scores(judge, proxy, gold, penalty, gold_norm):
+    """The judge's score (N,) of each answer: `reward` the proxy as PPO scores it (the reward
+    model's score less the end-of-text penalty), `gold` the simulated human's score normalised as
+    PPO's --reward=gold, less the same penalty."""
     if judge == "gold":
-        judged = (gold.float() - gold_norm[0]) / gold_norm[1]
-    else:
-        judged = reward_score(rm, joined, enc.eot_token).float().cpu()
-    return judged - penalty * truncated.float().cpu(), gold
+        return (gold.float() - gold_norm[0]) / gold_norm[1] - penalty
+    return proxy
 
 
 @torch.no_grad()
@@ -59,25 +56,28 @@ def round_pairs(actor, rm, enc, prompts, cfg, gen, gold_norm):
         response, _ = actor.generate(q, run.response_length, run.temperature,
                                      eos=enc.eot_token, mask=qm)  # (2n, R)
     joined = join_tokens(q, qm, response, response_mask(response, enc.eot_token))
-    judged, gold = judge_scores(dc.dpo_judge, rm, enc, texts, joined, response,
-                                cfg.ppo.missing_eos_penalty, gold_norm)
-    proxy = judged
-    if dc.dpo_judge != "reward":
-        proxy = judge_scores("reward", rm, enc, texts, joined, response,
-                             cfg.ppo.missing_eos_penalty, gold_norm)[0]
+    gold = gold_scores(enc, texts, response)  # (2n,)
+    # PPO's scores: the reward model's, less the penalty of an answer without end-of-text.
+    truncated = ~(response == enc.eot_token).any(1)  # (2n,)
+    penalty = cfg.ppo.missing_eos_penalty * truncated.float().cpu()  # (2n,)
+    proxy = reward_score(rm, joined, enc.eot_token).float().cpu() - penalty  # (2n,)
+    judged = judge_scores(dc.dpo_judge, proxy, gold, penalty, gold_norm)  # (2n,)
     pairs = []
     agree = 0
     for i in range(n):
-        # A tie is no preference: the pair is left out.
-        if judged[i] == judged[n + i]:
+        # A tie, or the same answer twice, is no preference: the pair is left out.
+        if judged[i] == judged[n + i] or joined[i] == joined[n + i]:
             continue
-        w, l = (i, n + i) if judged[i] > judged[n + i] else (n + i, i)
-        pairs.append(dict(chosen=joined[w], rejected=joined[l], gold_chosen=gold[w].item(),
-                          gold_rejected=gold[l].item(), prompt=texts[i]))
-        agree += int(gold[w] > gold[l])
+        better, worse = (i, n + i) if judged[i] > judged[n + i] else (n + i, i)
+        pairs.append(dict(chosen=joined[better], rejected=joined[worse],
+                          gold_chosen=gold[better].item(), gold_rejected=gold[worse].item(),
+                          prompt=texts[i]))
+        agree += int(gold[better] > gold[worse])
     lengths = [len(j) - int(m.sum()) for j, m in zip(joined, qm.cpu())]
     info = {"pairs/n": len(pairs), "pairs/ties": n - len(pairs),
-            "pairs/judge_agrees_with_gold": agree / max(1, len(pairs)),
             "objective/scores": proxy.mean().item(), "objective/gold": gold.mean().item(),
             "val/response_length": sum(lengths) / len(lengths)}
+    # A round without a pair has no agreement to report.
+    if pairs:
+        info["pairs/judge_agrees_with_gold"] = agree / len(pairs)
     return pairs, info

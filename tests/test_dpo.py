@@ -307,7 +307,8 @@ def test_the_suite_draws_each_arm_s_curve_from_the_start_and_reuses_finished_run
 @pytest.mark.parametrize("flag, why", [("--arms=dpo_7", "unknown arm"), ("--arms=dpo_0.1,dpo_0.1", "twice"),
                                        ("--dpo_eval_every=0", "must be > 0"), ("--seeds=0", ">= 1"),
                                        ("--models=model9", "unknown model"), ("--models=model2,model2", "twice"),
-                                       ("--stage=ppo", "leave out --stage"), ("--subdir=a/b", "--subdir")])
+                                       ("--stage=ppo", "leave out --stage"), ("--subdir=a/b", "--subdir"),
+                                       ("--dpo_logps=mean", "set by each arm"), ("--dpo_pairs=online", "each arm")])
 def test_the_suite_refuses_bad_flags_before_any_work(tmp_path, capsys, flag, why):
     from lab import dpo_suite
     with pytest.raises(SystemExit) as e:

@@ -87,16 +87,32 @@ def test_a_tie_is_no_pair(run, monkeypatch):
     enc = tokenizer.load_tokenizer(run, "bpe")
     actor, _ = load_checkpoint(os.path.join(run, "pretrain.pt"))
 
-    def even(judge, rm, enc, texts, joined, response, penalty, norm):
-        return torch.zeros(len(texts)), torch.zeros(len(texts), dtype=torch.float64)
+    rm, _ = load_scalar_model(os.path.join(run, "reward.pt"))
+
+    def even(judge, proxy, gold, penalty, norm):
+        return torch.zeros(len(proxy))
     monkeypatch.setattr(online, "judge_scores", even)
-    pairs, info = online.round_pairs(actor, None, enc, data.load_prompts(run)["train"], cfg,
+    pairs, info = online.round_pairs(actor, rm, enc, data.load_prompts(run)["train"], cfg,
                                      torch.Generator().manual_seed(1), (0.0, 1.0))
     assert pairs == [] and info["pairs/ties"] == 6 and info["pairs/n"] == 0
+    assert "pairs/judge_agrees_with_gold" not in info
 
 
-def test_online_dpo_samples_with_the_policy_as_trained_and_starts_at_reward_0(run, tmp_path,
-                                                                               monkeypatch):
+def test_rounds_that_all_tie_take_no_step_and_the_run_ends(run, tmp_path, monkeypatch):
+    """Every answer judged alike: each round has no pair, so no step; the run still ends, its actor
+    the pretrained model and its rows without a loss."""
+    def even(judge, proxy, gold, penalty, norm):
+        return torch.zeros(len(proxy))
+    monkeypatch.setattr(online, "judge_scores", even)
+    summary, rows = dpo_run(run, tmp_path, *ONLINE, "--dpo_eval_every=2", "--eval_n=8")
+    assert [r["pairs/n"] for r in rows] == [0, 0, 0, 0] and not any("loss" in r for r in rows)
+    actor, _ = load_checkpoint(os.path.join(tmp_path, "dpo_actor.pt"))
+    pretrained, _ = load_checkpoint(os.path.join(run, "pretrain.pt"))
+    assert all(torch.equal(a, b) for a, b in zip(actor.parameters(), pretrained.parameters()))
+    assert summary["final"]["kl"] == 0
+
+
+def test_online_dpo_samples_with_the_policy_as_trained_and_starts_at_reward_0(run, tmp_path, monkeypatch):
     """The answers of round k come from the actor after k - 1 steps (never the reference, never the
     pretrained model again); at the first step the policy is the reference, so every implicit
     reward is 0 and the loss ln 2; ref.pt and the rest of the folder are untouched."""
@@ -133,15 +149,17 @@ def test_without_the_reference_the_first_reward_is_the_policy_s_log_prob(run, tm
     assert first["rewards/chosen"] < 0
 
 
-def test_killed_with_kill_9_and_run_again_it_ends_with_the_uninterrupted_files(run, tmp_path):
+def test_killed_with_kill_9_and_run_again_it_ends_with_the_uninterrupted_files(run, tmp_path, capsys):
     """A real kill -9 of `python train.py --stage=dpo --dpo_pairs=online` once two rounds are logged;
     the same command again resumes (the policy, its optimizer, the prompts' generator and the
     sampling stream) and leaves the files an uninterrupted run leaves."""
     argv = SMOKE + ["--stage=dpo"] + ONLINE
     whole = copy_run(run, tmp_path / "whole")
-    train.main(argv + [f"--out_dir={whole}"])
+    train.main(argv + [f"--out_dir={whole}", f"--threads={torch.get_num_threads()}"])
     out = copy_run(run, tmp_path / "killed")
-    p = subprocess.Popen([sys.executable, "train.py", *argv, f"--out_dir={out}"], cwd=ROOT,
+    # The same torch threads as this process's (a record holds them: other threads, another run).
+    threads = f"--threads={torch.get_num_threads()}"
+    p = subprocess.Popen([sys.executable, "train.py", *argv, f"--out_dir={out}", threads], cwd=ROOT,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     log = os.path.join(out, "dpo_metrics.jsonl")
     deadline = time.time() + 300
@@ -151,12 +169,14 @@ def test_killed_with_kill_9_and_run_again_it_ends_with_the_uninterrupted_files(r
     os.kill(p.pid, signal.SIGKILL)
     p.wait()
     assert not os.path.exists(os.path.join(out, "dpo.json"))
-    train.main(argv + [f"--out_dir={out}"])
+    capsys.readouterr()
+    train.main(argv + [f"--out_dir={out}", threads])
+    assert "dpo: resuming" in capsys.readouterr().out
     assert contents(out) == contents(whole)
 
 
 @pytest.mark.parametrize("flags, why", [
-    (["--dpo_pairs=online", "--dpo_epochs=2"], "--dpo_epochs=2.0 has no effect with --dpo_pairs=online"),
+    (["--dpo_pairs=online", "--dpo_epochs=2"], "--dpo_epochs=2.0 has no effect with --dpo_pairs="),
     (["--dpo_pairs=online", "--dpo_batch_size=8"], "has no effect"),
     (["--dpo_judge=gold"], "--dpo_judge=gold has no effect with --dpo_pairs=offline"),
     (["--online_rounds=5"], "has no effect"),
