@@ -51,26 +51,86 @@ def bootstrap_ci(x, level=0.95, n_boot=10000, seed=0):
     return float(x.mean()), float(lo), float(hi)
 
 
+def t_cdf(x, df):
+    """P(T <= x) for Student's t with df degrees of freedom, x >= 0: the density integrated from 0
+    by Simpson's rule on a fine grid (no scipy)."""
+    c = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+    grid = np.linspace(0.0, x, 4001)
+    density = np.exp(c - (df + 1) / 2 * np.log1p(grid ** 2 / df))
+    w = np.ones(4001)
+    w[1:-1:2], w[2:-1:2] = 4.0, 2.0
+    return 0.5 + float(w @ density) * (x / 4000) / 3
+
+
 @functools.lru_cache(maxsize=None)
 def t_quantile(p, df):
-    """The p-quantile (p > 0.5) of Student's t with df degrees of freedom: the density integrated
-    from 0 by Simpson's rule on a fine grid, the upper limit found by bisection (no scipy)."""
-    def density(x):
-        c = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
-        return np.exp(c - (df + 1) / 2 * np.log1p(x ** 2 / df))
-
-    def cdf(x):
-        grid = np.linspace(0.0, x, 4001)
-        w = np.ones(4001)
-        w[1:-1:2], w[2:-1:2] = 4.0, 2.0
-        return 0.5 + float(w @ density(grid)) * (x / 4000) / 3
+    """The p-quantile (p > 0.5) of Student's t with df degrees of freedom: t_cdf's upper limit
+    found by bisection."""
     lo, hi = 0.0, 1.0
-    while cdf(hi) < p:
+    while t_cdf(hi, df) < p:
         hi *= 2
     for _ in range(60):
         mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if cdf(mid) < p else (lo, mid)
+        lo, hi = (mid, hi) if t_cdf(mid, df) < p else (lo, mid)
     return (lo + hi) / 2
+
+
+def t_upper(t, df):
+    """P(T > t) for Student's t (any t): a one-sided p-value."""
+    tail = max(0.0, 1.0 - t_cdf(abs(t), df))
+    return tail if t >= 0 else 1.0 - tail
+
+
+def paired_stats(diffs):
+    """(mean, standard error, degrees of freedom) of paired differences: Student's t."""
+    d = np.asarray(diffs, dtype=float)
+    return float(d.mean()), float(d.std(ddof=1) / math.sqrt(len(d))), len(d) - 1
+
+
+def welch_stats(a, b):
+    """(mean(a) - mean(b), standard error, Welch-Satterthwaite degrees of freedom rounded down to
+    0.01), as welch_ci takes them."""
+    a, b = (np.asarray(x, dtype=float) for x in (a, b))
+    va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
+    df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1)) if va + vb else 1.0
+    return float(a.mean() - b.mean()), math.sqrt(va + vb), math.floor(df * 100) / 100
+
+
+def holm(pvalues):
+    """Holm's step-down adjusted p-values, in the order given: the i-th smallest times (m - i + 1),
+    never below the one before it, at most 1. Rejecting where the adjusted p is below α holds
+    the chance of any false rejection in the family at α (simulated in tests/test_intervals.py)."""
+    m = len(pvalues)
+    order = sorted(range(m), key=lambda i: pvalues[i])
+    out = [0.0] * m
+    top = 0.0
+    for rank, i in enumerate(order):
+        top = max(top, min(1.0, (m - rank) * pvalues[i]))
+        out[i] = top
+    return out
+
+
+def three_verdicts(stats, margin, alpha=0.05):
+    """Each comparison (mean, se, df) of one family read as "different" (Holm-adjusted two-sided
+    t-test below α: the adjusted 95 % interval excludes 0), "equivalent" (Holm-adjusted two
+    one-sided tests below α against ±margin: at one comparison, its 90 % interval inside
+    ±margin) or "undecided". margin: the smallest difference that matters, stated before the
+    runs. Returns [(verdict, p_different, p_equivalent)] (the adjusted p-values)."""
+    diff, equiv = [], []
+    for mean, se, df in stats:
+        if se == 0:
+            diff.append(0.0 if mean != 0 else 1.0)
+            equiv.append(0.0 if abs(mean) < margin else 1.0)
+            continue
+        diff.append(min(1.0, 2 * t_upper(abs(mean) / se, df)))
+        # The larger of the two one-sided tests: above -margin, and below +margin.
+        equiv.append(max(t_upper((mean + margin) / se, df), t_upper((margin - mean) / se, df)))
+    diff, equiv = holm(diff), holm(equiv)
+    out = []
+    for d, e in zip(diff, equiv):
+        word = "different" if d < alpha else "equivalent" if e < alpha else "undecided"
+        out.append((word, d, e))
+    return out
 
 
 def t_ci(x, level=0.95):
