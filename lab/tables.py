@@ -110,6 +110,13 @@ def holm(pvalues):
     return out
 
 
+# The smallest difference that matters, per metric compared, fixed before the runs whose tables
+# use it (ANSWER.md, "Margins"). Gold: a fifth of the pretrained model's samples' gold standard
+# deviation (1.17 on prefs.jsonl's 24,000 samples; Cohen's "small" d = 0.2 gives 0.23), rounded
+# to 0.25, some twice the standard error of the difference of two 200-sample evaluations (0.12).
+MARGINS = {"gold_mean": 0.25}
+
+
 def three_verdicts(stats, margin, alpha=0.05):
     """Each comparison (mean, se, df) of one family read as "different" (Holm-adjusted two-sided
     t-test below α: the adjusted 95 % interval excludes 0), "equivalent" (Holm-adjusted two
