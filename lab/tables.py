@@ -122,7 +122,8 @@ def three_verdicts(stats, margin, alpha=0.05):
     t-test below α: the adjusted 95 % interval excludes 0), "equivalent" (Holm-adjusted two
     one-sided tests below α against ±margin: at one comparison, its 90 % interval inside
     ±margin) or "undecided". margin: the smallest difference that matters, stated before the
-    runs. Returns [(verdict, p_different, p_equivalent)] (the adjusted p-values)."""
+    runs. A difference both tests find (real, and smaller than the margin) reads "different": the
+    cell's mean says how small. Returns [(verdict, p_different, p_equivalent)] (adjusted)."""
     diff, equiv = [], []
     for mean, se, df in stats:
         if se == 0:
@@ -195,6 +196,56 @@ def over_models(per_model):
 def verdict(ci):
     mean, lo, hi, n = ci
     return f"{mean:+.3f} [{lo:+.3f}, {hi:+.3f}]" + (" not separated" if lo <= 0 <= hi else "")
+
+
+def endpoint_frontier(points, targets):
+    """One seed's frontier of endpoints: its runs' final (KL, gold), one run per setting of a
+    method (β, epochs), sorted by KL and linear between neighbours, read at each KL in targets;
+    None outside the KLs its runs reached. (A penalised run's trajectory is not a frontier: each
+    point here is a run's end.)"""
+    pts = sorted(points)
+    out = []
+    for t in targets:
+        hit = None
+        for (k0, g0), (k1, g1) in zip(pts, pts[1:]):
+            if k0 <= t <= k1 and k1 > k0:
+                hit = g0 + (g1 - g0) * (t - k0) / (k1 - k0)
+                break
+        out.append(hit)
+    return out
+
+
+def equal_kl_table(methods, base, targets, margin):
+    """Gold at equal KL, each method its frontier of endpoints: methods is {name: {seed: [(kl,
+    gold), ...]}}; each seed's frontier read at each KL (endpoint_frontier); per KL, each
+    method's mean [t interval] over the seeds that reach it, and each other method minus `base`
+    by Welch (unpaired: the methods share no randomness), every comparison of the table one family
+    read by three_verdicts against `margin`. Returns the markdown table."""
+    read = {m: [endpoint_frontier(p, targets) for p in seeds.values()]
+            for m, seeds in methods.items()}
+    others = [m for m in methods if m != base]
+    cells, stats = {}, []
+    for i, t in enumerate(targets):
+        have = {m: [r[i] for r in read[m] if r[i] is not None] for m in methods}
+        for m in others:
+            if len(have[m]) >= 2 and len(have[base]) >= 2:
+                cells[(i, m)] = len(stats)
+                stats.append(welch_stats(have[m], have[base]))
+    words = three_verdicts(stats, margin)
+    head = f"| KL | {base} | " + " | ".join(f"{m} | {m} − {base}" for m in others) + " |"
+    md = [head, "|---" * (2 + 2 * len(others)) + "|"]
+    for i, t in enumerate(targets):
+        row = [f"{t:g}", t_cell([r[i] for r in read[base]])]
+        for m in others:
+            row.append(t_cell([r[i] for r in read[m]]))
+            k = cells.get((i, m))
+            if k is None:
+                row.append("-")
+                continue
+            mean, se, df = stats[k]
+            row.append(f"{mean:+.2f} {words[k][0]}")
+        md.append("| " + " | ".join(row) + " |")
+    return "\n".join(md) + "\n"
 
 
 def bestofk_cells(b):
