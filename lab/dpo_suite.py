@@ -2,15 +2,16 @@
 two τ (and TRL's per-token IPO), DPO with the reference's log-probs replaced by zeros, and online
 DPO (the policy's own pairs each round, judged by the reward model or by the simulated human, with
 and without the reference), over several seeds, each evaluated on held-out prompts as it trains,
-on one gold-KL frontier with PPO (adaptive and fixed β) and best-of-n by the proxy.
+each endpoint read against PPO's frontier of fixed-β endpoints at the same KL (PPO's adaptive β
+beside them), with best-of-n by the proxy.
 
-    python -m lab.dpo_suite                  # 5 seeds x 20 arms, and 3 of them on two more
+    python -m lab.dpo_suite                  # 5 seeds x 27 arms, and 3 of them on two more
                                              # pretrained models -> out/dpo_suite/
                                              # (dpo.md, dpo.json, frontier.png, examples.md)
-    python -m lab.dpo_suite --subdir=dpo_epochs --arms=dpo_0.1,dpo_0.3,ipo_0.1,noref_0.1 \
-        --dpo_epochs=4 --dpo_eval_every=26 --models=
-                                             # 4 passes over the pairs, evaluated 13 times each
-                                             # -> out/dpo_epochs/
+    python -m lab.dpo_suite --subdir=dpo_epochs --arms=frontier --dpo_epochs=4 \
+        --dpo_eval_every=26 --models=        # the offline arms (FRONTIER) over 4 passes over the
+                                             # pairs, evaluated 13 times each, the online arms
+                                             # and PPO's fixed βs -> out/dpo_epochs/
     python -m lab.dpo_suite --quick          # one seed, short runs -> out/dpo_suite_quick/
     python -m lab.dpo_suite --arms=dpo_0.1,noref_0.1 --seeds=2 --dpo_epochs=2
                                              # any train.py flag passes through
@@ -42,6 +43,11 @@ main run folder, out/, only, unless --kept names a folder), and a run missing fr
 kept record matches is restored from there instead of being run; the weights are not kept
 (examples.md says so for a kept run).
 Tables: the mean over seeds with a Student-t 95 % interval (tables.t_ci, n = the seeds listed).
+Gold at equal KL (`at_equal_kl`): every endpoint (an offline arm at the end of each epoch, any
+other arm at the end of its budget) against the frontier of PPO's fixed-β endpoints (PPO_FIXED:
+β = 0 to 1, one frontier per seed) at that run's own KL, Welch's Δ, the table's comparisons one
+family read as different, equivalent (margin tables.MARGINS) or undecided; frontier.png draws
+every endpoint.
 --models (default model2,model3: ablate.BASE_OF's, world, pretraining, preferences and reward
 model reseeded, made under out/dpo_suite/bases/) runs the arms of README's claim (MODEL_ARMS: DPO
 and DPO without the reference at β = 0.1, PPO's default) on other pretrained models as well, and
@@ -65,7 +71,8 @@ from machinery.errors import RunError, die, run_main
 from options.evaluate import during_ppo
 from ref import load_checkpoint
 from lab import ablate, overopt
-from lab.tables import bestofk_cells, models_table, t_cell
+from lab.tables import (MARGINS, bestofk_cells, endpoint_frontier, models_table, t_cell, t_ci,
+                        three_verdicts, welch_ci, welch_stats)
 
 BETAS = ("0.05", "0.1", "0.3", "1", "5")
 TAUS = ("0.1", "1")
@@ -84,8 +91,15 @@ ARMS = {**{f"dpo_{b}": [f"--dpo_beta={b}"] for b in BETAS},
         "online_gold_0.1": ONLINE + ["--dpo_beta=0.1", "--dpo_judge=gold"],
         "online_gold_noref_0.1": ONLINE + ["--dpo_beta=0.1", "--dpo_judge=gold",
                                            "--dpo_reference=none"]}
-# PPO's arms: ablate.py's conditions of the same names.
-PPO_ARMS = {"ppo_adaptive": "adaptive", "ppo_fixed_0.05": "fixed_0.05"}
+# PPO's arms: ablate.py's conditions of the same names. The fixed βs (β = 0 included) are PPO's
+# frontier of endpoints, against which every DPO arm is read at equal KL.
+PPO_FIXED = {"ppo_no_kl": "no_kl", "ppo_fixed_0.05": "fixed_0.05",
+             **{f"ppo_beta_{b}": f"beta_{b}" for b in ("0.001", "0.01", "0.03", "0.1", "0.3", "1")}}
+PPO_ARMS = {"ppo_adaptive": "adaptive", **PPO_FIXED}
+# --arms=frontier: the offline arms run over several epochs (--dpo_epochs), TRL's IPO, the online
+# arms and PPO's fixed βs, on one frontier.
+FRONTIER = ("dpo_0.1", "dpo_0.3", "ipo_0.1", "ipomean_0.1", "noref_0.1", "online_0.1", "online_0.3",
+            "online_noref_0.1", "online_gold_0.1", "online_gold_noref_0.1", *PPO_FIXED)
 # The arms that also run on the other pretrained models (--models).
 MODEL_ARMS = ("dpo_0.1", "noref_0.1", "ppo_adaptive")
 # One epoch of the default 10,800 training pairs is 338 steps: 12 evaluations; PPO's 60
@@ -95,8 +109,6 @@ QUICK = ["--dpo_epochs=0.1", "--dpo_eval_every=7", "--rollout_batch=32", "--ppo_
          "--eval_every=3", "--n_eval=64", "--online_rounds=12", "--online_prompts=16"]
 # What a kept DPO run keeps: its result json first (ablate.keep reads its seconds), its metrics.
 KEPT = ("dpo.json", "dpo_metrics.jsonl")
-# KLs at which the frontier table reads every trajectory (nats).
-KLS = (1, 2, 4, 6)
 
 
 # What the arms set, each its own way: from the command line they would relabel an arm (a user's
@@ -144,6 +156,9 @@ def parse(argv):
     if given:
         die(f"{given[0].partition('=')[0]} is set by each arm: choose the arms with --arms "
             f"(ARMS in lab/dpo_suite.py)")
+    # --arms=frontier: the over-epochs suite's arms (FRONTIER).
+    if opts["arms"] == "frontier":
+        opts["arms"] = ",".join(FRONTIER)
     arms = opts["arms"].split(",")
     unknown = [a for a in arms if a not in ARMS and a not in PPO_ARMS]
     if unknown:
@@ -335,9 +350,106 @@ def by_epoch(trajs, order):
     return "\n".join(md) + "\n"
 
 
+def endpoints(trajs, order):
+    """Every run's endpoints, {label: {seed: (kl, gold)}}: an offline arm's evaluation at the end
+    of each epoch (the end of a run of that many epochs: the learning rate is constant and each
+    epoch's batches are drawn alike whatever the number of epochs), labelled "ARM, epoch E"; any
+    other arm's last evaluation (the end of its budget: PPO's iterations, online DPO's rounds),
+    labelled ARM. An offline arm of less than one epoch is labelled by its arm, as the others."""
+    out = {}
+    for arm in order:
+        for seed, t in trajs[arm].items():
+            ends = [e for e in range(1, int(t.get("epoch", [0])[-1]) + 1)
+                    if float(e) in t["epoch"]]
+            for e in ends:
+                i = t["epoch"].index(float(e))
+                out.setdefault(f"{arm}, epoch {e}", {})[seed] = (t["kl"][i], t["gold"][i])
+            if not ends:
+                out.setdefault(arm, {})[seed] = (t["kl"][-1], t["gold"][-1])
+    return out
+
+
+def at_equal_kl(ends, ppo, start_gold, bon, margin):
+    """Gold at equal KL: each endpoint of every arm but PPO's fixed βs, read against PPO's
+    frontier of fixed-β endpoints (tables.endpoint_frontier over the `ppo` arms' endpoints, one
+    frontier per seed) at that run's own KL, the PPO seed of the same number (the arms share no
+    randomness: Welch's Δ). The table's comparisons are one family (tables.three_verdicts: Holm,
+    against ±margin gold). Best-of-n by the proxy beside it, read on its curve at the arm's mean KL.
+    Returns (markdown, {label: verdict})."""
+    fronts = {}
+    for arm in ppo:
+        for seed, point in ends.get(arm, {}).items():
+            fronts.setdefault(seed, []).append(point)
+    bon_kl = bon["kl_pool"]
+    bon_gold = [start_gold + g for g in bon["gold"]]
+    labels, stats, cells = [], [], {}
+    for label, runs in ends.items():
+        if label in ppo:
+            continue
+        mine, theirs = [], []
+        for seed, (kl, gold) in runs.items():
+            f = endpoint_frontier(fronts.get(seed, []), [kl])[0]
+            if f is not None:
+                mine.append(gold)
+                theirs.append(f)
+        kls = [k for k, _ in runs.values()]
+        mean_kl = float(np.mean(kls))
+        # Best-of-n's curve is one pool's, without seeds: its value at the arm's mean KL, if reached.
+        bon_cell = "-"
+        if bon_kl[0] <= mean_kl <= bon_kl[-1]:
+            bon_cell = f"{float(np.interp(mean_kl, bon_kl, bon_gold)):+.2f}"
+        cells[label] = [label, str(len(runs)), t_cell(kls, "{:.2f}"),
+                        t_cell([g for _, g in runs.values()]), t_cell(theirs) if theirs else "-",
+                        "-", "outside PPO's range" if len(mine) < 2 else "", bon_cell]
+        if len(mine) >= 2:
+            d, lo, hi = welch_ci(mine, theirs)
+            cells[label][5] = f"{d:+.2f} [{lo:+.2f}, {hi:+.2f}]" + (
+                f" ({len(mine)} of {len(runs)})" if len(mine) < len(runs) else "")
+            labels.append(label)
+            stats.append(welch_stats(mine, theirs))
+    words = dict(zip(labels, (w for w, _, _ in three_verdicts(stats, margin))))
+    md = ["", f"Gold at equal KL against PPO's frontier: every endpoint (an offline arm at the end "
+          f"of each epoch, any other arm at the end of its budget) against the frontier of PPO's "
+          f"fixed-β endpoints ({', '.join(a for a in ppo if a in ends)}; one frontier per seed, "
+          f"linear between neighbouring βs) read at that run's own KL; Δ gold by Welch with its "
+          f"95 % interval, n the seeds inside PPO's range; the verdicts one family of "
+          f"{len(stats)} (Holm), margin ±{margin:g} gold; best-of-n by the proxy at the arm's mean "
+          f"KL:", "",
+          "| endpoint | seeds | KL | gold | PPO at that KL | Δ gold | verdict | best-of-n |",
+          "|---" * 8 + "|"]
+    for label, row in cells.items():
+        row[6] = row[6] or words[label]
+        md.append("| " + " | ".join(row) + " |")
+    return "\n".join(md) + "\n", words
+
+
+def online_table(metrics, order):
+    """The online arms' pairs, per round, the mean over rounds then over seeds: pairs kept, ties
+    dropped, and how often the judge's choice agrees with the simulated human's."""
+    arms = [a for a in order if a in metrics
+            and any("pairs/n" in r for rs in metrics[a].values() for r in rs)]
+    if not arms:
+        return ""
+    cols = (("pairs/n", "{:.1f}"), ("pairs/ties", "{:.1f}"),
+            ("pairs/judge_agrees_with_gold", "{:.3f}"))
+    md = ["", "Online rounds: per round the pairs kept, the ties left out, and the share of kept "
+          "pairs whose chosen answer the simulated human also prefers (the mean over rounds, then "
+          "over seeds):", "", "| arm | pairs | ties | judge agrees with gold |", "|---" * 4 + "|"]
+    for arm in arms:
+        means = []
+        for col, fmt in cols:
+            per_run = []
+            for rs in metrics[arm].values():
+                v = [r[col] for r in rs if r.get(col) is not None]
+                per_run.append(float(np.mean(v)) if v else None)
+            means.append(t_cell(per_run, fmt))
+        md.append(f"| {arm} | " + " | ".join(means) + " |")
+    return "\n".join(md) + "\n"
+
+
 def tables(rows, trajs, order, bon):
-    """dpo.md's tables: the final evaluation; the frontier (gold at equal KL, first pass); the
-    second half of training (does gold fall while KL grows?); best-of-n."""
+    """dpo.md's tables: the final evaluation; the second half of training (does gold fall while
+    KL grows?); best-of-n."""
     md = ["| arm | seeds | gold | KL | proxy | length | end-of-text | well-formed | distinct-2 | "
           "ppl under ref | implicit acc. (noisy) | (gold) |", "|---" * 12 + "|"]
     for arm in order:
@@ -350,14 +462,6 @@ def tables(rows, trajs, order, bon):
                   f"{col('eos_rate', '{:.2f}')} | {col('wellformed_rate', '{:.2f}')} | "
                   f"{col('distinct_2', '{:.3f}')} | {col('ref_ppl', '{:.2f}')} | "
                   f"{col('acc_noisy', '{:.3f}')} | {col('acc_gold', '{:.3f}')} |")
-    md += ["", "Gold at equal KL (nats to the reference), each run read at its first pass "
-           "through the KL, linear between its two evaluations around it; in brackets how many "
-           "runs reach it when not all:", "",
-           "| arm | " + " | ".join(f"KL {k}" for k in KLS) + " |", "|---" * (len(KLS) + 1) + "|"]
-    for arm in order:
-        at = [overopt.at_kl(t["kl"], t["gold"], KLS) for t in trajs[arm].values()]
-        md.append(f"| {arm} | " + " | ".join(t_cell([a[i] for a in at]) for i in range(len(KLS)))
-                  + " |")
     md += ["", "Over the second half of training (the last evaluation minus the one at half way), "
            "per run, then the mean over seeds: gold falling while KL grows is overoptimisation:",
            "", "| arm | Δ gold | Δ KL | Δ length | Δ distinct-2 |", "|---" * 5 + "|"]
@@ -392,36 +496,54 @@ def models_tables(rows, order, models):
     return md
 
 
-def plot(trajs, order, bon, starts, png):
-    """frontier.png: gold against exact KL to the reference, the mean over seeds of each arm's
-    evaluations (up to the shortest run), and best-of-n; skipped without matplotlib."""
+def plot(ends, order, ppo, bon, start_gold, png):
+    """frontier.png: gold against exact KL to the reference at every endpoint, the mean over seeds
+    with Student-t 95 % intervals both ways: PPO's fixed βs joined in order of KL (its frontier),
+    each offline arm's epochs joined in order (numbered), every other arm a point, and best-of-n
+    by the proxy; skipped without matplotlib."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         return
-    fig, axes = plt.subplots(1, 2, figsize=(13, 5))
-    start_gold = float(np.mean([s["eval/gold_mean"] for s in starts.values()]))
-    styles = {"dpo": "-", "ipo": "-.", "nor": ":", "ppo": "--", "onl": (0, (5, 1, 1, 1))}
-    for i, arm in enumerate(order):
-        ts = list(trajs[arm].values())
-        n = min(len(t["kl"]) for t in ts)
-        kl = np.mean([t["kl"][:n] for t in ts], 0)
-        gold = np.mean([t["gold"][:n] for t in ts], 0)
-        length = np.mean([t["length"][:n] for t in ts], 0)
-        style = dict(color=f"C{i % 10}", linestyle=styles[arm[:3]], marker=".")
-        axes[0].plot(kl, gold, label=arm, **style)
-        axes[1].plot(kl, length, label=arm, **style)
-    axes[0].plot(bon["kl_pool"], [start_gold + g for g in bon["gold"]], color="black",
-                 marker="s", label="best-of-n (proxy)")
-    axes[0].set_xscale("symlog", linthresh=1)
-    axes[1].set_xscale("symlog", linthresh=1)
-    axes[0].set_xlabel("exact KL to the reference (nats / sequence)")
-    axes[1].set_xlabel("exact KL to the reference (nats / sequence)")
-    axes[0].set_ylabel("gold (held-out, mean over seeds)")
-    axes[1].set_ylabel("response length (tokens)")
-    axes[0].legend(fontsize=7, ncol=2)
+    fig, ax = plt.subplots(figsize=(9, 6))
+
+    def mean_ci(values):
+        if len(values) < 2:
+            return float(values[0]), 0.0
+        mean, lo, hi = t_ci(values)
+        return mean, hi - mean
+    styles = {"dpo": "o", "ipo": "s", "nor": "v", "ppo": "D", "onl": "*"}
+    groups = [ppo] + [[a] for a in order if a not in ppo]
+    for i, arms in enumerate(groups):
+        labels = [label for label in ends for a in arms
+                  if label == a or label.startswith(a + ", epoch ")]
+        if not labels:
+            continue
+        points = [[mean_ci([p[k] for p in ends[label].values()]) for k in (0, 1)]
+                  for label in labels]
+        # PPO's βs in order of KL (a frontier); an offline arm's epochs in their own order.
+        if arms is ppo:
+            points.sort(key=lambda p: p[0][0])
+        kl = [p[0][0] for p in points]
+        gold = [p[1][0] for p in points]
+        name = "PPO, fixed β" if arms is ppo else arms[0]
+        ax.errorbar(kl, gold, xerr=[p[0][1] for p in points], yerr=[p[1][1] for p in points],
+                    color="black" if arms is ppo else f"C{i % 10}", marker=styles[name[:3].lower()],
+                    linestyle="-" if len(kl) > 1 else "none", capsize=2, label=name)
+        if len(labels) > 1 and arms is not ppo:
+            for label, x, y in zip(labels, kl, gold):
+                ax.annotate(label.rpartition(" ")[2], (x, y), fontsize=7,
+                            textcoords="offset points", xytext=(3, 3))
+    ax.plot(bon["kl_pool"], [start_gold + g for g in bon["gold"]], color="grey",
+            linestyle="--", marker=".", label="best-of-n (proxy)")
+    ax.set_xscale("symlog", linthresh=1)
+    ax.set_xlabel("exact KL to the reference at the end (nats / sequence)")
+    ax.set_ylabel("gold (held-out, mean over seeds)")
+    ax.set_title("Gold against KL: each method's endpoints (offline arms numbered by epoch)",
+                 fontsize=10)
+    ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     store.save_figure(fig, png)
     plt.close(fig)
@@ -509,20 +631,29 @@ def suite(opts, rest):
         for k in range(opts["seeds"]):
             scfg = train.parse(override(shared(rest), [f"--seed={seed0 + k}"]))
             starts[seed0 + k] = during_ppo(actor, enc, heldout, scfg.run, ref, rm, scfg.eval)
+        metrics = {}
         for arm in order:
             name = "dpo_metrics.jsonl" if arm in ARMS else "metrics.jsonl"
             x = "step" if arm in ARMS else "iter"
             for k in range(opts["seeds"]):
-                metrics = store.load_json(os.path.join(adir, arm, f"seed{seed0 + k}", name),
-                                          lines=True)
-                trajs.setdefault(arm, {})[seed0 + k] = trajectory(metrics, starts[seed0 + k], x)
+                m = store.load_json(os.path.join(adir, arm, f"seed{seed0 + k}", name), lines=True)
+                metrics.setdefault(arm, {})[seed0 + k] = m
+                trajs.setdefault(arm, {})[seed0 + k] = trajectory(m, starts[seed0 + k], x)
         # Best-of-n's pool: 12 prompts x 256 samples (--quick: 4 x 32).
         prompts, per = opts["bon"]
         ns = [2 ** i for i in range(int(np.log2(per)) + 1)]
         bon = overopt.bon_curve(ablate.bon_pool(cfg, base, prompts, per), ns)
+        # Every endpoint against PPO's frontier of fixed βs, when the suite ran two or more.
+        ends = endpoints(trajs, order)
+        ppo = [a for a in order if a in PPO_FIXED]
+        start_gold = float(np.mean([s["eval/gold_mean"] for s in starts.values()]))
+        equal_kl = ""
+        if len(ppo) >= 2:
+            equal_kl = at_equal_kl(ends, ppo, start_gold, bon, MARGINS["gold_mean"])[0]
         md = (f"# python -m lab.dpo_suite {' '.join(sys.argv[1:])}\n\n{len(jobs)} runs; the mean "
               f"over seeds [Student-t 95 % interval, n = {opts['seeds']}]; held-out prompts.\n\n"
-              + tables(rows, trajs, order, bon) + by_epoch(trajs, order)
+              + tables(rows, trajs, order, bon) + equal_kl + by_epoch(trajs, order)
+              + online_table(metrics, order)
               + models_tables(rows, order, opts["models"])
               + "\n" + made[1] + "\n")
         store.write_text(os.path.join(adir, "dpo.md"), md)
@@ -530,7 +661,7 @@ def suite(opts, rest):
         store.save_json(os.path.join(adir, "dpo.json"), dict(rows=rows, trajectories={
             a: {str(s): t for s, t in v.items()} for a, v in trajs.items()}, bon=bon,
             starts={str(s): v for s, v in starts.items()}, made_by=made[0]))
-        plot(trajs, order, bon, starts, os.path.join(adir, "frontier.png"))
+        plot(ends, order, ppo, bon, start_gold, os.path.join(adir, "frontier.png"))
         examples(cfg, base, adir, order, seed0)
         print(md)
 

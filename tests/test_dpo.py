@@ -256,7 +256,7 @@ def test_the_suite_draws_each_arm_s_curve_from_the_start_and_reuses_finished_run
     out = copy_run(tiny_run, tmp_path)
     kept = tmp_path / "kept"
     # 0.6 epochs of the tiny run's 150 training pairs: 3 steps of 32, as 0.2 of the smoke run's 450 give.
-    argv = TINY + [f"--out_dir={out}", "--arms=dpo_0.1,noref_0.1,ppo_adaptive,dpo_1,online_gold_0.1", "--seeds=2",
+    argv = TINY + [f"--out_dir={out}", "--arms=dpo_0.1,noref_0.1,ppo_adaptive,ppo_no_kl,ppo_beta_1,online_gold_0.1", "--seeds=2",
                    "--jobs=1", "--dpo_epochs=0.6", "--ppo_iters=2", "--dpo_eval_every=2", "--eval_every=1", "--eval_n=8",
                    "--n_eval=8", "--bon=2x4", "--models=model2", f"--kept={kept}", "--online_rounds=2",
                    "--online_prompts=4", "--subdir=dpo_s"]
@@ -283,8 +283,13 @@ def test_the_suite_draws_each_arm_s_curve_from_the_start_and_reuses_finished_run
     assert on2["pretrain.pt"] != main["pretrain.pt"] and on2["prefs.jsonl"] != main["prefs.jsonl"]
     names = {r["condition"] for r in store.load_json(os.path.join(adir, "results.jsonl"), lines=True)}
     assert names == {f"{a}{m}" for a in ("dpo_0.1", "noref_0.1", "ppo_adaptive") for m in ("", "_model2")} | \
-        {"dpo_1", "online_gold_0.1"}
-    assert not os.path.exists(os.path.join(adir, "model2", "dpo_1"))      # MODEL_ARMS alone on the other models
+        {"ppo_no_kl", "ppo_beta_1", "online_gold_0.1"}
+    assert not os.path.exists(os.path.join(adir, "model2", "ppo_no_kl"))      # MODEL_ARMS alone on the other models
+    # Every arm but PPO's fixed βs read against their frontier, and the figure of every endpoint.
+    equal = md.split("Gold at equal KL against PPO's frontier")[1].split("\n\n")[1]
+    assert [line.split(" | ")[0][2:] for line in equal.splitlines()[2:]] == [
+        "dpo_0.1", "noref_0.1", "ppo_adaptive", "online_gold_0.1"]
+    assert os.path.getsize(os.path.join(adir, "frontier.png")) > 0
     assert "| dpo_0.1 |" in md.split("2 pretrained models (main, model2;")[1]
     assert md.count("2 pretrained models (main, model2;") == 2          # against PPO; without against with
     assert "Δ gold against ppo_adaptive" in md and "Δ gold against dpo_0.1" in md
@@ -294,12 +299,12 @@ def test_the_suite_draws_each_arm_s_curve_from_the_start_and_reuses_finished_run
     assert os.path.getmtime(record) == made
     assert open(os.path.join(adir, "dpo.md")).read().split("\nMade by")[0] == md.split("\nMade by")[0]
     assert os.path.exists(kept / "dpo_s" / "model2" / "dpo_0.1" / "seed1338")
-    for d in ("dpo_0.1", "noref_0.1", "ppo_adaptive", "dpo_1", "online_gold_0.1", "model2"):
+    for d in ("dpo_0.1", "noref_0.1", "ppo_adaptive", "ppo_no_kl", "ppo_beta_1", "online_gold_0.1", "model2"):
         shutil.rmtree(os.path.join(adir, d))
     dpo_suite.main(argv)
     again = open(os.path.join(adir, "dpo.md")).read()
     assert again.split("\nMade by")[0] == md.split("\nMade by")[0]
-    assert "16 of the 16 runs were made by earlier commands and kept (" in again
+    assert "18 of the 18 runs were made by earlier commands and kept (" in again
     assert not os.path.exists(os.path.join(adir, "dpo_0.1", "seed1337", "dpo_actor.pt"))   # nothing ran
     assert "(a kept run: its weights were not kept)" in open(os.path.join(adir, "examples.md")).read()
 
@@ -525,3 +530,74 @@ def test_the_epoch_table_reads_each_run_at_the_end_of_each_pass():
     assert row[3].rstrip(" |") == t_cell([-0.5, -1.0])
     one = {"dpo_0.1": {1337: dict(epoch=[0.0, 0.5, 1.0], gold=[0, 1, 2], kl=[0, 1, 2], acc_noisy=[None, 1, 1])}}
     assert dpo_suite.by_epoch(one, ["dpo_0.1"]) == ""
+
+
+def test_endpoints_are_each_epoch_s_end_offline_and_the_last_evaluation_otherwise():
+    """dpo_suite.endpoints: an offline run of 2 epochs gives its evaluations at epochs 1 and 2 exactly (not the ones
+    half way); a PPO run and a run of less than one epoch give their last evaluation."""
+    from lab import dpo_suite
+    offline = dict(epoch=[0.0, 0.5, 1.0, 1.5, 2.0], kl=[0, 1, 2, 3, 4], gold=[0, 9, 1.0, 9, 0.5])
+    short = dict(epoch=[0.0, 0.3, 0.6], kl=[0, 1, 2.5], gold=[0, 1, 1.5])
+    ppo = dict(kl=[0, 3, 7], gold=[0, 1, 2])
+    ends = dpo_suite.endpoints({"dpo_0.1": {7: offline}, "ipo_1": {7: short}, "ppo_no_kl": {7: ppo}},
+                               ["dpo_0.1", "ipo_1", "ppo_no_kl"])
+    assert ends == {"dpo_0.1, epoch 1": {7: (2, 1.0)}, "dpo_0.1, epoch 2": {7: (4, 0.5)}, "ipo_1": {7: (2.5, 1.5)},
+                    "ppo_no_kl": {7: (7, 2)}}
+
+
+def test_equal_kl_reads_each_run_against_ppo_s_frontier_of_the_same_seed_at_its_own_kl():
+    """dpo_suite.at_equal_kl against the reading written out: each seed's PPO frontier (its fixed-β endpoints,
+    linear between neighbours) at each run's own KL, Welch's Δ over the seeds inside PPO's range, the verdicts Holm
+    over the arms compared (an arm outside PPO's range is not one of them), best-of-n at the arm's mean KL."""
+    from lab import dpo_suite
+    from lab.tables import three_verdicts, welch_ci, welch_stats
+    ppo = {"ppo_beta_1": {1: (1.0, 0.0), 2: (2.0, 0.2), 3: (1.5, 0.1)},
+           "ppo_no_kl": {1: (5.0, 1.0), 2: (6.0, 1.4), 3: (4.5, 1.3)}}
+    arms = {"far, epoch 1": {1: (3.0, 2.0), 2: (4.0, 2.3), 3: (2.0, 2.1)},
+            "close": {1: (2.0, 0.26), 2: (3.0, 0.52), 3: (3.5, 0.88)},
+            "outside": {1: (9.0, 1.0), 2: (0.5, 1.0), 3: (9.0, 1.0)}}
+    bon = dict(kl_pool=[0.0, 1.0, 3.0], gold=[0.0, 0.4, 0.8])
+    md, words = dpo_suite.at_equal_kl({**ppo, **arms}, list(ppo), -0.5, bon, 0.25)
+
+    def frontier(seed, kl):
+        (k0, g0), (k1, g1) = ppo["ppo_beta_1"][seed], ppo["ppo_no_kl"][seed]
+        return g0 + (g1 - g0) * (kl - k0) / (k1 - k0)
+    stats = []
+    for label in ("far, epoch 1", "close"):
+        mine = [g for _, g in arms[label].values()]
+        theirs = [frontier(s, k) for s, (k, _) in arms[label].items()]
+        stats.append(welch_stats(mine, theirs))
+        d, lo, hi = welch_ci(mine, theirs)
+        row = next(line for line in md.splitlines() if line.startswith(f"| {label} |")).split(" | ")
+        assert row[5] == f"{d:+.2f} [{lo:+.2f}, {hi:+.2f}]"
+    assert [w for w, _, _ in three_verdicts(stats, 0.25)] == [words["far, epoch 1"], words["close"]]
+    assert words["far, epoch 1"] == "different" and "outside" not in words
+    assert "| outside | 3 |" in md and "outside PPO's range" in md and "one family of 2 (Holm)" in md
+    # Best-of-n at the mean KL (3.0 for "far": its curve's end, 0.8 above the start's -0.5).
+    far = next(line for line in md.splitlines() if line.startswith("| far, epoch 1 |"))
+    assert far.endswith("| +0.30 |")
+
+
+def test_the_online_table_averages_each_run_s_rounds_then_the_seeds():
+    """dpo_suite.online_table: per run the mean over its rounds (rounds without the column left out), then the
+    Student-t cell over seeds; offline arms have no row."""
+    from lab import dpo_suite
+    from lab.tables import t_cell
+    metrics = {"online_0.1": {1: [{"pairs/n": 4, "pairs/ties": 0, "pairs/judge_agrees_with_gold": 1.0},
+                                  {"pairs/n": 2, "pairs/ties": 2}],
+                              2: [{"pairs/n": 3, "pairs/ties": 1, "pairs/judge_agrees_with_gold": 0.5}]},
+               "dpo_0.1": {1: [{"loss": 0.7}]}}
+    md = dpo_suite.online_table(metrics, ["dpo_0.1", "online_0.1"])
+    row = next(line for line in md.splitlines() if line.startswith("| online_0.1 |"))
+    assert row == ("| online_0.1 | " + t_cell([3.0, 3.0], "{:.1f}") + " | " + t_cell([1.0, 1.0], "{:.1f}") + " | "
+                   + t_cell([1.0, 0.5], "{:.3f}") + " |")
+    assert "| dpo_0.1 |" not in md and dpo_suite.online_table(metrics, ["dpo_0.1"]) == ""
+
+
+def test_the_frontier_arms_are_every_source_and_ppo_s_fixed_betas():
+    """--arms=frontier names the over-epochs suite's arms: DPO, both IPOs, DPO without the reference, every online arm
+    and every fixed β of PPO (β = 0 included), each a known arm."""
+    from lab import dpo_suite
+    arms = dpo_suite.parse(["--arms=frontier", "--models="])[0]["arms"].split(",")
+    assert arms == list(dpo_suite.FRONTIER) and set(dpo_suite.PPO_FIXED) < set(arms)
+    assert {a for a in dpo_suite.ARMS if a.startswith("online_")} < set(arms) and "ipomean_0.1" in arms
