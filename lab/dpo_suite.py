@@ -374,7 +374,8 @@ def at_equal_kl(ends, ppo, start_gold, bon, margin):
     frontier of fixed-β endpoints (tables.endpoint_frontier over the `ppo` arms' endpoints, one
     frontier per seed) at that run's own KL, the PPO seed of the same number (the arms share no
     randomness: Welch's Δ). The table's comparisons are one family (tables.three_verdicts: Holm,
-    against ±margin gold). Best-of-n by the proxy beside it, read on its curve at the arm's mean KL.
+    against ±margin gold). Best-of-n by the proxy beside it, read on its curve at the arm's mean
+    KL.
     Returns (markdown, {label: verdict})."""
     fronts = {}
     for arm in ppo:
@@ -394,7 +395,8 @@ def at_equal_kl(ends, ppo, start_gold, bon, margin):
                 theirs.append(f)
         kls = [k for k, _ in runs.values()]
         mean_kl = float(np.mean(kls))
-        # Best-of-n's curve is one pool's, without seeds: its value at the arm's mean KL, if reached.
+        # Best-of-n's curve is one pool's, without seeds: its value at the arm's mean KL, where
+        # the curve reaches it.
         bon_cell = "-"
         if bon_kl[0] <= mean_kl <= bon_kl[-1]:
             bon_cell = f"{float(np.interp(mean_kl, bon_kl, bon_gold)):+.2f}"
@@ -413,8 +415,8 @@ def at_equal_kl(ends, ppo, start_gold, bon, margin):
           f"fixed-β endpoints ({', '.join(a for a in ppo if a in ends)}; one frontier per seed, "
           f"linear between neighbouring βs) read at that run's own KL; Δ gold by Welch with its "
           f"95 % interval, n the seeds inside PPO's range; the verdicts one family of "
-          f"{len(stats)} (Holm), margin ±{margin:g} gold; best-of-n by the proxy at the arm's mean "
-          f"KL:", "",
+          f"{len(stats)} (Holm), margin ±{margin:g} gold; best-of-n by the proxy at the arm's "
+          f"mean KL:", "",
           "| endpoint | seeds | KL | gold | PPO at that KL | Δ gold | verdict | best-of-n |",
           "|---" * 8 + "|"]
     for label, row in cells.items():
