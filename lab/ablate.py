@@ -68,7 +68,7 @@ Left out: hyper-parameter search per condition; conditions are compared at one s
 if __name__ == "__main__":
     from machinery.errors import ctrl_c_while_starting
     ctrl_c_while_starting()
-import hashlib, json, math, multiprocessing, os, shutil, signal, sys, time
+import math, multiprocessing, os, shutil, signal, sys, time
 import numpy as np
 import torch
 
@@ -82,7 +82,7 @@ from options.evaluate import best_of_k, during_ppo, evaluate_policy, sample_text
 from pipeline.report import plot_bestofk
 from machinery.precision import autocast
 from ref import load_checkpoint
-from lab import overopt
+from lab import archive, overopt
 from lab.tables import (DEFAULT_CONDITION, beta_table, bestofk_cells, bestofk_curves, bestofk_table,
                         models_table, overopt_tables, plot, ref_table, summarise,
                         verifiable_columns)
@@ -406,23 +406,16 @@ def kept_run(kept_dir, stamp, names=KEPT):
         return None
     if not records.outputs_intact(kept_dir, rec, names):
         return None
-    m = rec["made_on"]
-    yes = {True: "yes", False: "no"}
-    # As provenance.line marks a commit: clean, with uncommitted changes, or not read.
-    notes = {True: " with uncommitted changes", False: "", None: " (working tree not read)"}
     try:
-        return (f"{m['cpu']} (AVX-512 {yes[m['avx512']]}, native bf16 {yes[m['native_bf16']]}), "
-                f"commit {m['commit']}{notes[m.get('uncommitted')]}, {m['date']}")
+        return archive.made_on(rec)
     except (KeyError, TypeError):
         return None
 
 
 def kept_folder(seed_dir, stamp):
-    """Where a run is kept: seed_dir/inputs_HASH, HASH a digest of its input hashes. A CPU that
-    rounds differently builds other base models, so its runs are kept beside another CPU's,
-    never over them; each stands in on the CPUs that rebuild its inputs."""
-    text = json.dumps(stamp["inputs"], sort_keys=True)
-    return os.path.join(seed_dir, "inputs_" + hashlib.sha256(text.encode()).hexdigest()[:12])
+    """Where a run is kept: archive.inputs_folder of its inputs, so each CPU's runs are kept beside
+    another's and each stands in on the CPUs that rebuild its inputs."""
+    return archive.inputs_folder(seed_dir, stamp["inputs"])
 
 
 def restore(kept_dir, run_dir, names=KEPT):
@@ -476,7 +469,13 @@ def one_run(job):
     # A run reused from its folder was made by an earlier command: its kept record names which.
     if kept_dir and not made_now and not restored:
         made_on = kept_run(kept_dir, stamp)
-    s = store.load_json(os.path.join(run_dir, "ppo.json"))
+    return ppo_row(cond, seed, store.load_json(os.path.join(run_dir, "ppo.json")), made_on,
+                   restored)
+
+
+def ppo_row(cond, seed, s, made_on, restored):
+    """A PPO run's row for results.jsonl from its ppo.json (s); made_on: what made it when an
+    earlier command did (kept_run's line), restored: whether it came back from the kept runs."""
     return dict(condition=cond, seed=seed, kept=made_on, restored=restored, **s["final"],
                 kl_coef_final=s["kl_coef_final"],
                 seconds=s["seconds"], ref=s.get("ref"), entropy=s["entropy"],

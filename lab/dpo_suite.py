@@ -20,6 +20,11 @@ beside them), with best-of-n by the proxy.
     python -m lab.dpo_suite --bon=12x256     # best-of-n's pool: prompts x samples (the default)
     python -m lab.dpo_suite --models=        # the main pretrained model only
     python -m lab.dpo_suite --kept=          # no kept runs taken or kept (default: lab/runs)
+    python -m lab.dpo_suite --subdir=dpo_epochs --arms=frontier --dpo_epochs=4 \
+        --dpo_eval_every=26 --models= --tables_only
+                                             # the tables and figure from lab/runs alone, on any
+                                             # CPU, without training (--base=HASH: the pretrained
+                                             # model's, where the archive holds several)
 
 Online arms (online_*) run --online_rounds rounds of --online_prompts prompts x 2 answers (PPO's
 60 x 64 by default), evaluated every 6 rounds; --dpo_epochs and --dpo_batch_size reach the offline
@@ -70,7 +75,7 @@ from machinery.config import check_once, override
 from machinery.errors import RunError, die, run_main
 from options.evaluate import during_ppo
 from ref import load_checkpoint
-from lab import ablate, overopt
+from lab import ablate, archive, overopt
 from lab.tables import (MARGINS, bestofk_cells, endpoint_frontier, models_table, t_cell, t_ci,
                         three_verdicts, welch_ci, welch_stats)
 
@@ -107,6 +112,9 @@ MODEL_ARMS = ("dpo_0.1", "noref_0.1", "ppo_adaptive")
 SUITE_FLAGS = ["--dpo_eval_every=28", "--eval_every=6"]
 QUICK = ["--dpo_epochs=0.1", "--dpo_eval_every=7", "--rollout_batch=32", "--ppo_iters=12",
          "--eval_every=3", "--n_eval=64", "--online_rounds=12", "--online_prompts=16"]
+# Where --tables_only puts its figure: a tracked file the documents show.
+FIGURES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs",
+                       "figures")
 # What a kept DPO run keeps: its result json first (ablate.keep reads its seconds), its metrics.
 KEPT = ("dpo.json", "dpo_metrics.jsonl")
 
@@ -140,14 +148,16 @@ def parse(argv):
         sys.exit(0)
     check_once(argv)
     opts = dict(quick=False, seeds=5, arms=",".join(list(ARMS) + list(PPO_ARMS)), jobs=2,
-                bon="12x256", models=",".join(ablate.MODELS), kept=ablate.KEPT_DIR, subdir="")
+                bon="12x256", models=",".join(ablate.MODELS), kept=ablate.KEPT_DIR, subdir="",
+                tables_only=False, base="")
     user = []
     for a in argv:
         name, _, value = a[2:].partition("=")
         if a.startswith("--") and name in opts:
+            yes_no = name in ("quick", "tables_only")
             try:
-                kind = ablate.BOOLS.__getitem__ if name == "quick" else type(opts[name])
-                opts[name] = kind(value.lower() if name == "quick" else value)
+                kind = ablate.BOOLS.__getitem__ if yes_no else type(opts[name])
+                opts[name] = kind(value.lower() if yes_no else value)
             except (KeyError, ValueError):
                 die(f"bad value for --{name}: {value!r}")
         else:
@@ -212,6 +222,10 @@ def parse(argv):
         for d in (opts["kept"], os.path.join(opts["kept"], opts["subdir"])):
             if store.not_a_folder(d):
                 die(f"--kept={opts['kept']}: {d} {store.not_a_folder(d)}")
+    if opts["tables_only"] and not opts["kept"]:
+        die("--tables_only reads the kept runs: name their folder with --kept=FOLDER")
+    if opts["base"] and not opts["tables_only"]:
+        die("--base chooses among the kept runs' pretrained models: it goes with --tables_only")
     return opts, rest
 
 
@@ -270,7 +284,12 @@ def dpo_run(job):
     # A run reused from its folder was made by an earlier command: its kept record names which.
     if kept_dir and not made_now and not restored:
         made_on = ablate.kept_run(kept_dir, stamp, KEPT)
-    s = store.load_json(os.path.join(run_dir, "dpo.json"))
+    return dpo_row(arm, seed, store.load_json(os.path.join(run_dir, "dpo.json")), made_on,
+                   restored)
+
+
+def dpo_row(arm, seed, s, made_on, restored):
+    """A DPO run's row from its dpo.json (s), as ablate.ppo_row makes a PPO run's."""
     return dict(condition=arm, seed=seed, kept=made_on, restored=restored, **s["final"],
                 **s["implicit"],
                 seconds=s["seconds"], steps=s["steps"], **bestofk_cells(s["bestofk"]))
@@ -573,6 +592,90 @@ def examples(cfg, base, adir, order, seed, n=3):
     store.write_text(os.path.join(adir, "examples.md"), "\n".join(lines))
 
 
+def placed(opts, order, seed0):
+    """The suite's runs, [(model, arm, seed, where)]: every arm on the main model, MODEL_ARMS' on
+    the others (--models); where = [MODEL/]ARM/seedN, the run's folder under SUBDIR and its kept
+    one under --kept's SUBDIR."""
+    models = ["main"] + [m for m in opts["models"] if set(order) & set(MODEL_ARMS)]
+    out = []
+    for m in models:
+        for a in (a for a in order if m == "main" or a in MODEL_ARMS):
+            for seed in range(seed0, seed0 + opts["seeds"]):
+                where = [a, f"seed{seed}"] if m == "main" else [m, a, f"seed{seed}"]
+                out.append((m, a, seed, where))
+    return out
+
+
+def pretrained_evals(opts, rest, cfg, base, threads):
+    """The pretrained model's evaluation on each seed's stream (where every curve starts) and
+    best-of-n by the proxy on its pool (--bon); kept under --kept's SUBDIR/pretrained, so
+    --tables_only rebuilds the tables without the base. Returns (starts {seed: eval/ columns},
+    bon)."""
+    started = time.time()
+    enc = tokenizer.load_tokenizer(base, cfg.world.tokenizer)
+    actor, ref, rm = stages.load_models(base, cfg.run.device)
+    heldout = data.load_prompts(base)["heldout"]
+    starts = {}
+    for seed in range(cfg.run.seed, cfg.run.seed + opts["seeds"]):
+        scfg = train.parse(override(shared(rest), [f"--seed={seed}"]))
+        starts[seed] = during_ppo(actor, enc, heldout, scfg.run, ref, rm, scfg.eval)
+    # Best-of-n's pool: 12 prompts x 256 samples (--quick: 4 x 32).
+    prompts, per = opts["bon"]
+    ns = [2 ** i for i in range(int(np.log2(per)) + 1)]
+    bon = overopt.bon_curve(ablate.bon_pool(cfg, base, prompts, per), ns)
+    if opts["kept"]:
+        # Under the base's input hashes, as the DPO runs on it are kept.
+        dcfg = train.parse(override(shared(rest), ["--stage=dpo"]))
+        inputs = stages.stamp(dcfg, stages.BY_NAME["dpo"])["inputs"]
+        archive.keep_pretrained(os.path.join(opts["kept"], opts["subdir"], "pretrained"),
+                                pretrained_config(cfg, opts), inputs,
+                                dict(starts={str(k): v for k, v in starts.items()}, bon=bon),
+                                time.time() - started, threads, cfg.run.device)
+    return starts, bon
+
+
+def pretrained_config(cfg, opts):
+    """What the kept pretrained evaluations depend on besides the base (archive's)."""
+    seeds = range(cfg.run.seed, cfg.run.seed + opts["seeds"])
+    return archive.pretrained_config(cfg, seeds, dict(bon=list(opts["bon"])))
+
+
+def report(opts, rows, metrics, starts, bon, order, adir, made, figure=None):
+    """dpo.md, results.jsonl, dpo.json and frontier.png into adir from the rows, each main-model
+    run's metrics rows ({arm: {seed: rows}}) and the pretrained model's evaluations (starts, bon);
+    made: made_by's (stamp, line). figure: also a copy of frontier.png there. Returns dpo.md."""
+    trajs = {}
+    for arm in order:
+        x = "step" if arm in ARMS else "iter"
+        for seed, m in metrics[arm].items():
+            trajs.setdefault(arm, {})[seed] = trajectory(m, starts[seed], x)
+    # Every endpoint against PPO's frontier of fixed βs, when the suite ran two or more.
+    ends = endpoints(trajs, order)
+    ppo = [a for a in order if a in PPO_FIXED]
+    start_gold = float(np.mean([s["eval/gold_mean"] for s in starts.values()]))
+    equal_kl = ""
+    if len(ppo) >= 2:
+        equal_kl = at_equal_kl(ends, ppo, start_gold, bon, MARGINS["gold_mean"])[0]
+    md = (f"# python -m lab.dpo_suite {' '.join(sys.argv[1:])}\n\n{len(rows)} runs; the mean "
+          f"over seeds [Student-t 95 % interval, n = {opts['seeds']}]; held-out prompts.\n\n"
+          + tables(rows, trajs, order, bon) + equal_kl + by_epoch(trajs, order)
+          + online_table(metrics, order)
+          + models_tables(rows, order, opts["models"])
+          + "\n" + made[1] + "\n")
+    store.write_text(os.path.join(adir, "dpo.md"), md)
+    store.save_json(os.path.join(adir, "results.jsonl"), rows, lines=True)
+    store.save_json(os.path.join(adir, "dpo.json"), dict(rows=rows, trajectories={
+        a: {str(s): t for s, t in v.items()} for a, v in trajs.items()}, bon=bon,
+        starts={str(s): v for s, v in starts.items()}, made_by=made[0]))
+    png = os.path.join(adir, "frontier.png")
+    plot(ends, order, ppo, bon, start_gold, png)
+    if figure and os.path.exists(png):
+        os.makedirs(os.path.dirname(figure), exist_ok=True)
+        with open(png, "rb") as f:
+            store.write_bytes(figure, f.read())
+    return md
+
+
 def suite(opts, rest):
     cfg = train.parse(shared(rest))
     base = cfg.run.out_dir
@@ -587,27 +690,21 @@ def suite(opts, rest):
         order = opts["arms"].split(",")
         seed0 = cfg.run.seed
         threads = 1 if opts["jobs"] > 1 else 0
+        runs = placed(opts, order, seed0)
         # The other pretrained models' bases (train.py's stages, reseeded) and run folders.
         bases = {"main": (base, adir)}
-        # Only where an arm runs there (MODEL_ARMS).
-        for m in (m for m in opts["models"] if set(order) & set(MODEL_ARMS)):
+        for m in dict.fromkeys(m for m, _, _, _ in runs if m != "main"):
             name, flags = ablate.BASE_OF[m]
             bases[m] = (os.path.join(adir, "bases", name), os.path.join(adir, m))
             ablate.make_base(shared(rest), base, bases[m][0], flags)
-        # Every arm on the main model, MODEL_ARMS' on the others. A row's condition: its arm,
-        # with the model's name after it on another model.
+        # A row's condition: its arm, with the model's name after it on another model.
         jobs, names = [], []
-        for m, (b, folder) in bases.items():
-            for a in (a for a in order if m == "main" or a in MODEL_ARMS):
-                for k in range(opts["seeds"]):
-                    # Kept as the run folder is placed: [MODEL/]ARM/seedN under --kept's SUBDIR.
-                    where = [a, f"seed{seed0 + k}"] if m == "main" else [m, a, f"seed{seed0 + k}"]
-                    kept = None
-                    if opts["kept"]:
-                        kept = os.path.join(opts["kept"], opts["subdir"], *where)
-                    jobs.append((a, seed0 + k, arm_flags(a, rest), b,
-                                 os.path.join(folder, *where[-2:]), threads, kept))
-                    names.append(a if m == "main" else f"{a}_{m}")
+        for m, a, seed, where in runs:
+            b, folder = bases[m]
+            kept = os.path.join(opts["kept"], opts["subdir"], *where) if opts["kept"] else None
+            jobs.append((a, seed, arm_flags(a, rest), b, os.path.join(folder, *where[-2:]),
+                         threads, kept))
+            names.append(a if m == "main" else f"{a}_{m}")
         print(f"dpo_suite: {len(jobs)} runs ({opts['jobs']} at a time) into {adir}", flush=True)
         rows, pool = [], None
         if opts["jobs"] > 1:
@@ -625,53 +722,97 @@ def suite(opts, rest):
                 pool.terminate()
                 pool.join()
         made = ablate.made_by(started, rows, opts["jobs"], threads, cfg.run.device)
-        # The pretrained model's evaluation on each seed's stream: where every curve starts.
-        enc = tokenizer.load_tokenizer(base, cfg.world.tokenizer)
-        actor, ref, rm = stages.load_models(base, cfg.run.device)
-        heldout = data.load_prompts(base)["heldout"]
-        starts, trajs = {}, {}
-        for k in range(opts["seeds"]):
-            scfg = train.parse(override(shared(rest), [f"--seed={seed0 + k}"]))
-            starts[seed0 + k] = during_ppo(actor, enc, heldout, scfg.run, ref, rm, scfg.eval)
+        starts, bon = pretrained_evals(opts, rest, cfg, base, threads)
         metrics = {}
-        for arm in order:
-            name = "dpo_metrics.jsonl" if arm in ARMS else "metrics.jsonl"
-            x = "step" if arm in ARMS else "iter"
-            for k in range(opts["seeds"]):
-                m = store.load_json(os.path.join(adir, arm, f"seed{seed0 + k}", name), lines=True)
-                metrics.setdefault(arm, {})[seed0 + k] = m
-                trajs.setdefault(arm, {})[seed0 + k] = trajectory(m, starts[seed0 + k], x)
-        # Best-of-n's pool: 12 prompts x 256 samples (--quick: 4 x 32).
-        prompts, per = opts["bon"]
-        ns = [2 ** i for i in range(int(np.log2(per)) + 1)]
-        bon = overopt.bon_curve(ablate.bon_pool(cfg, base, prompts, per), ns)
-        # Every endpoint against PPO's frontier of fixed βs, when the suite ran two or more.
-        ends = endpoints(trajs, order)
-        ppo = [a for a in order if a in PPO_FIXED]
-        start_gold = float(np.mean([s["eval/gold_mean"] for s in starts.values()]))
-        equal_kl = ""
-        if len(ppo) >= 2:
-            equal_kl = at_equal_kl(ends, ppo, start_gold, bon, MARGINS["gold_mean"])[0]
-        md = (f"# python -m lab.dpo_suite {' '.join(sys.argv[1:])}\n\n{len(jobs)} runs; the mean "
-              f"over seeds [Student-t 95 % interval, n = {opts['seeds']}]; held-out prompts.\n\n"
-              + tables(rows, trajs, order, bon) + equal_kl + by_epoch(trajs, order)
-              + online_table(metrics, order)
-              + models_tables(rows, order, opts["models"])
-              + "\n" + made[1] + "\n")
-        store.write_text(os.path.join(adir, "dpo.md"), md)
-        store.save_json(os.path.join(adir, "results.jsonl"), rows, lines=True)
-        store.save_json(os.path.join(adir, "dpo.json"), dict(rows=rows, trajectories={
-            a: {str(s): t for s, t in v.items()} for a, v in trajs.items()}, bon=bon,
-            starts={str(s): v for s, v in starts.items()}, made_by=made[0]))
-        plot(ends, order, ppo, bon, start_gold, os.path.join(adir, "frontier.png"))
+        for m, a, seed, where in runs:
+            if m == "main":
+                name = "dpo_metrics.jsonl" if a in ARMS else "metrics.jsonl"
+                metrics.setdefault(a, {})[seed] = store.load_json(
+                    os.path.join(adir, *where, name), lines=True)
+        print(report(opts, rows, metrics, starts, bon, order, adir, made))
         examples(cfg, base, adir, order, seed0)
-        print(md)
+
+
+def run_config(arm, seed, rest):
+    """A run's config as the suite gives it (dpo_run's, or ablate.one_run's for a PPO arm), its
+    stage and the names of its kept files."""
+    own = [f"--seed={seed}"]
+    if arm in ARMS:
+        return train.parse(override(arm_flags(arm, rest), own + ["--stage=dpo"])), \
+            stages.BY_NAME["dpo"], KEPT
+    flags = override(arm_flags(arm, rest), ablate.CONDITIONS[PPO_ARMS[arm]] + own)
+    return train.parse(flags), stages.BY_NAME["ppo"], ablate.KEPT
+
+
+def tables_only(opts, rest):
+    """--tables_only: the suite's tables and figure rebuilt from the kept runs (lab/runs, or
+    --kept) and the pretrained model's kept evaluations alone, on any CPU, without training
+    (archive.py says which kept run stands for which); frontier.png also into
+    docs/figures/SUBDIR_frontier.png. What the archive lacks is named, and nothing written."""
+    started = time.time()
+    threads = 1 if opts["jobs"] > 1 else 0
+    # The runs' configs hold the threads they ran with.
+    if threads:
+        torch.set_num_threads(threads)
+    cfg = train.parse(shared(rest))
+    order = opts["arms"].split(",")
+    runs = placed(opts, order, cfg.run.seed)
+    where_of = {(m, a, seed): where for m, a, seed, where in runs}
+    found = {}
+    for m, a, seed, where in runs:
+        rcfg, st, names = run_config(a, seed, rest)
+        found[(m, a, seed)] = archive.candidates(
+            os.path.join(opts["kept"], opts["subdir"], *where), rcfg, st, names)
+    chosen, missing, main_base = {}, [], None
+    for model in dict.fromkeys(m for m, _, _, _ in runs):
+        mine = {k: v for k, v in found.items() if k[0] == model}
+        base, picked, lacks = archive.choose(mine, opts["base"] if model == "main" else "")
+        chosen.update(picked)
+        missing += lacks
+        if model == "main":
+            main_base = base
+    pre = None
+    if main_base:
+        pre = archive.kept_pretrained(os.path.join(opts["kept"], opts["subdir"], "pretrained"),
+                                      pretrained_config(cfg, opts), base=main_base)
+    if missing or pre is None:
+        lacks = ["/".join(where_of[k]) for k in missing]
+        if pre is None:
+            lacks.append("pretrained (the pretrained model's evaluations)")
+        more = f" and {len(lacks) - 8} more" if len(lacks) > 8 else ""
+        raise RunError(f"--tables_only: {os.path.join(opts['kept'], opts['subdir'])} lacks "
+                       f"{', '.join(lacks[:8])}{more} (of {len(runs)} runs and the pretrained "
+                       "model's evaluations) for this command")
+    rows, metrics = [], {}
+    for m, a, seed, where in runs:
+        folder, rec = chosen[(m, a, seed)]
+        name = a if m == "main" else f"{a}_{m}"
+        if a in ARMS:
+            row = dpo_row(name, seed, store.load_json(os.path.join(folder, KEPT[0])),
+                          archive.made_on(rec), True)
+        else:
+            row = ablate.ppo_row(name, seed, store.load_json(os.path.join(folder, "ppo.json")),
+                                 archive.made_on(rec), True)
+        rows.append(row)
+        if m == "main":
+            kept_metrics = KEPT[1] if a in ARMS else ablate.KEPT[1]
+            metrics.setdefault(a, {})[seed] = store.load_json(
+                os.path.join(folder, kept_metrics), lines=True)
+    starts = {int(k): v for k, v in pre["values"]["starts"].items()}
+    made = ablate.made_by(started, rows, opts["jobs"], threads, cfg.run.device)
+    adir = os.path.join(cfg.run.out_dir, opts["subdir"])
+    os.makedirs(adir, exist_ok=True)
+    figure = os.path.join(FIGURES, f"{opts['subdir']}_frontier.png")
+    print(report(opts, rows, metrics, starts, pre["values"]["bon"], order, adir, made, figure))
 
 
 def main(argv):
     opts, rest = parse(argv)
     try:
-        suite(opts, rest)
+        if opts["tables_only"]:
+            tables_only(opts, rest)
+        else:
+            suite(opts, rest)
     except RunError as e:
         die(str(e), e.code)
     except KeyboardInterrupt:

@@ -454,9 +454,9 @@ def code_of(st, root=records.ROOT):
     return records.code_of(roots, root)
 
 
-def stamp(cfg, st):
-    """What a stage's outputs are made from: its config fields, the hashes of its input files and of
-    its code."""
+def stamp_config(cfg, st):
+    """A stamp's config part, (values, defaults): the stage's fields as cfg gives them and as the
+    code's defaults give them; read without any input file."""
     # train.GROUPS, as parsed.
     groups = {g: type(c) for g, c in vars(cfg).items()}
     values = {f.name: getattr(getattr(cfg, g), f.name) for g, f in fields(groups)
@@ -470,6 +470,13 @@ def stamp(cfg, st):
         numeric = dict(threads=torch.get_num_threads(), processes=dist.world())
         values.update(numeric)
         defaults.update(numeric)
+    return values, defaults
+
+
+def stamp(cfg, st):
+    """What a stage's outputs are made from: its config fields, the hashes of its input files and of
+    its code."""
+    values, defaults = stamp_config(cfg, st)
     inputs = {n: store.file_hash(path(cfg, n)) for n in files(cfg, st.inputs)}
     return dict(config=values, inputs=inputs, defaults=defaults, code=code_of(st))
 

@@ -246,7 +246,8 @@ def test_a_fraction_of_an_epoch_is_allowed_and_the_split_is_the_reward_model_s(r
     assert len(train_split) == store.load_json(os.path.join(run, "reward.json"))["n_train"]
 
 
-def test_the_suite_draws_each_arm_s_curve_from_the_start_and_reuses_finished_runs(tiny_run, tmp_path):
+def test_the_suite_draws_each_arm_s_curve_from_the_start_and_reuses_finished_runs(tiny_run, tmp_path, monkeypatch,
+                                                                                   capsys):
     """lab.dpo_suite on a copy of the smoke run: a DPO, a no-reference and a PPO arm over 2 seeds, each
     trajectory starting at the pretrained model (KL 0) and ending at the run's last evaluation; the tables name
     every arm with a Student-t interval; --models runs them on a reseeded pretrained model too, read with the model
@@ -307,6 +308,23 @@ def test_the_suite_draws_each_arm_s_curve_from_the_start_and_reuses_finished_run
     assert "18 of the 18 runs were made by earlier commands and kept (" in again
     assert not os.path.exists(os.path.join(adir, "dpo_0.1", "seed1337", "dpo_actor.pt"))   # nothing ran
     assert "(a kept run: its weights were not kept)" in open(os.path.join(adir, "examples.md")).read()
+    # From the kept runs alone, into a folder without any base (as on a CPU that builds another): the same tables,
+    # the figure also where the documents show it; with one kept run gone, it is named and nothing is written.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.setattr(dpo_suite, "FIGURES", str(tmp_path / "figures"))
+    only = [a for a in argv if not a.startswith("--out_dir=")] + [f"--out_dir={elsewhere}", "--tables_only"]
+    dpo_suite.main(only)
+    rebuilt = open(elsewhere / "dpo_s" / "dpo.md").read()
+    assert rebuilt.split("\nMade by")[0] == md.split("\nMade by")[0]
+    assert (tmp_path / "figures" / "dpo_s_frontier.png").stat().st_size > 0
+    assert sorted(os.listdir(elsewhere)) == ["dpo_s"]                  # nothing trained, no base made
+    shutil.rmtree(kept / "dpo_s" / "noref_0.1" / "seed1338")
+    os.remove(elsewhere / "dpo_s" / "dpo.md")
+    with pytest.raises(SystemExit) as e:
+        dpo_suite.main(only)
+    assert e.value.code != 0 and "lacks noref_0.1/seed1338 (of 18 runs" in capsys.readouterr().err
+    assert not os.path.exists(elsewhere / "dpo_s" / "dpo.md")
 
 
 @pytest.mark.parametrize("flag, why", [("--arms=dpo_7", "unknown arm"), ("--arms=dpo_0.1,dpo_0.1", "twice"),
