@@ -23,8 +23,8 @@ seeds each.
     python -m lab.ablate --kept=             # no kept runs taken or kept (default: lab/runs)
 
 results.md gives each column's mean with a Student-t 95 % interval over seeds, then each condition
-minus `adaptive` (or the suite's first condition) paired over seeds; an interval that holds 0 is
-printed "not separated".
+minus `adaptive` (or the suite's first condition) paired over seeds, each comparison of the table
+one family read as different, equivalent or undecided (tables.summarise, tables.MARGINS).
 Each run folder holds what train.py's PPO stage writes but its plot (a run's curves:
 `python -m lab.plot RUN_DIR`), and a run.json, written last, that records the config, input and
 output hashes the run was made with (as stages.json does for train.py's stages). A run whose

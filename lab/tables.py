@@ -4,7 +4,9 @@
                                          # into out/ablate/
 `t_ci` is the Student-t interval of a mean over seeds (its coverage at 3-10 seeds simulated in
 tests/test_intervals.py); `paired_ci` the interval of a condition minus the baseline condition,
-paired by seed; `verdict` says "not separated" where that interval holds 0; `t_prediction` the
+paired by seed; `three_verdicts` reads each comparison of a family (a table's comparisons with its
+baseline) as different, equivalent (inside ± its margin, MARGINS) or undecided, Holm's adjustment
+holding the family's error (both simulated in tests/test_intervals.py); `t_prediction` the
 interval a new seed's number falls in (lab/seeds.py); `welch_ci` the unpaired difference of two
 conditions run on different reward models (their seeds are not paired). `bootstrap_ci`, the
 percentile bootstrap the tables used before, is kept to measure its coverage (about 76 % at 3
@@ -14,7 +16,9 @@ model as the unit), `ref_table` (the cheap-reference table), `beta_table` (β ov
 `plot` (scores.png, frontier.png, beta.png) read ablate.py's rows (one per condition and seed,
 results.jsonl) and, for the curves, each run's metrics.jsonl in the folder `run_dir(condition,
 seed)` ablate.py names.
-Left out: corrections for many comparisons, intervals for the curves.
+The overopt suite's sections (`pair_section` and those after it) still read an interval that holds
+0 as "not separated" (`verdict`, `t_verdict`): they are the next to take three verdicts.
+Left out: intervals for the curves.
 """
 import functools, json, math, os
 import numpy as np
@@ -114,7 +118,25 @@ def holm(pvalues):
 # use it (ANSWER.md, "Margins"). Gold: a fifth of the pretrained model's samples' gold standard
 # deviation (1.17 on prefs.jsonl's 24,000 samples; Cohen's "small" d = 0.2 gives 0.23), rounded
 # to 0.25, some twice the standard error of the difference of two 200-sample evaluations (0.12).
-MARGINS = {"gold_mean": 0.25}
+# A rate (well-formed, end-of-text, pass@k): 0.05, one response in twenty. The KL moves with the
+# condition's scale, so its margin is relative: a fifth of the baseline's own mean KL
+# (RELATIVE_MARGINS). A column without a margin is read by the test of a difference alone: it reads
+# "different" or "undecided", never "equivalent".
+MARGINS = {"gold_mean": 0.25, "wellformed_rate": 0.05, "eos_rate": 0.05, "pass_1": 0.05,
+           "hard_1": 0.05}
+RELATIVE_MARGINS = {"kl": 0.2}
+
+
+def margin_of(col, base_values):
+    """A column's margin: MARGINS' own, or RELATIVE_MARGINS' fraction of the baseline's mean
+    (base_values); None when it has none (pass@k past k = 1 counts as a rate)."""
+    if col in MARGINS:
+        return MARGINS[col]
+    if col.startswith(("pass_", "hard_")):
+        return 0.05
+    if col in RELATIVE_MARGINS:
+        return RELATIVE_MARGINS[col] * abs(float(np.mean(base_values)))
+    return None
 
 
 def three_verdicts(stats, margin, alpha=0.05):
@@ -122,10 +144,17 @@ def three_verdicts(stats, margin, alpha=0.05):
     t-test below α: the adjusted 95 % interval excludes 0), "equivalent" (Holm-adjusted two
     one-sided tests below α against ±margin: at one comparison, its 90 % interval inside
     ±margin) or "undecided". margin: the smallest difference that matters, stated before the
-    runs. A difference both tests find (real, and smaller than the margin) reads "different": the
-    cell's mean says how small. Returns [(verdict, p_different, p_equivalent)] (adjusted)."""
+    runs; one for all, or a list with one per comparison (None: no equivalence test for it, and
+    no place in the equivalence family). A difference both tests find (real, and smaller than the
+    margin) reads "different": the cell's mean says how small. Returns [(verdict, p_different,
+    p_equivalent)] (adjusted; p_equivalent 1 where there is no margin)."""
+    margins = margin if isinstance(margin, (list, tuple)) else [margin] * len(stats)
     diff, equiv = [], []
-    for mean, se, df in stats:
+    for (mean, se, df), margin in zip(stats, margins):
+        if margin is None:
+            diff.append(min(1.0, 2 * t_upper(abs(mean) / se, df)) if se else float(mean == 0))
+            equiv.append(None)
+            continue
         if se == 0:
             diff.append(0.0 if mean != 0 else 1.0)
             equiv.append(0.0 if abs(mean) < margin else 1.0)
@@ -133,12 +162,38 @@ def three_verdicts(stats, margin, alpha=0.05):
         diff.append(min(1.0, 2 * t_upper(abs(mean) / se, df)))
         # The larger of the two one-sided tests: above -margin, and below +margin.
         equiv.append(max(t_upper((mean + margin) / se, df), t_upper((margin - mean) / se, df)))
-    diff, equiv = holm(diff), holm(equiv)
+    diff = holm(diff)
+    tested = [i for i, e in enumerate(equiv) if e is not None]
+    adjusted = dict(zip(tested, holm([equiv[i] for i in tested])))
+    equiv = [adjusted.get(i, 1.0) for i in range(len(equiv))]
     out = []
     for d, e in zip(diff, equiv):
         word = "different" if d < alpha else "equivalent" if e < alpha else "undecided"
         out.append((word, d, e))
     return out
+
+
+def family_cells(stats, margins, fmt="{:+.3f}"):
+    """Each comparison (mean, se, df) of one family as a table cell: the mean, its Student-t 95 %
+    interval (unadjusted) and its verdict (three_verdicts: Holm over the family)."""
+    cells = []
+    for (mean, se, df), (word, _, _) in zip(stats, three_verdicts(stats, list(margins))):
+        half = t_quantile(0.975, df) * se if se else 0.0
+        cells.append(f"{fmt.format(mean)} [{fmt.format(mean - half)}, {fmt.format(mean + half)}] "
+                     f"{word}")
+    return cells
+
+
+def margins_line(cols, margins, size):
+    """The sentence under a family's table: its size and each column's margin."""
+    said = [f"{c} ±{m:.3g}" for c, m in zip(cols, margins) if m is not None]
+    bare = [c for c, m in zip(cols, margins) if m is None]
+    line = (f"Verdicts: one family of {size} comparisons (Holm): different (the adjusted test "
+            "rejects 0), equivalent (the adjusted two one-sided tests put it inside ± the margin) "
+            "or undecided; margins " + (", ".join(said) or "none"))
+    if bare:
+        line += f"; no margin for {', '.join(bare)} (read different or undecided only)"
+    return line + "."
 
 
 def t_ci(x, level=0.95):
@@ -177,12 +232,17 @@ def welch_ci(a, b, level=0.95):
     return d, d - half, d + half
 
 
+def paired_diffs(rows, cond, base, col):
+    """cond minus base in column col, seed by seed, over the seeds both have."""
+    a, b = ({r["seed"]: r[col] for r in rows if r["condition"] == c} for c in (cond, base))
+    return [a[s] - b[s] for s in sorted(set(a) & set(b))]
+
+
 def paired_ci(rows, cond, base, col):
     """The Student-t interval of cond - base in column col over the seeds both have (paired: same
     seed, same prompts, same first rollout): (mean, low, high, n). None below 2 shared seeds."""
-    a, b = ({r["seed"]: r[col] for r in rows if r["condition"] == c} for c in (cond, base))
-    seeds = sorted(set(a) & set(b))
-    return t_ci([a[s] - b[s] for s in seeds]) + (len(seeds),) if len(seeds) >= 2 else None
+    d = paired_diffs(rows, cond, base, col)
+    return t_ci(d) + (len(d),) if len(d) >= 2 else None
 
 
 def over_models(per_model):
@@ -285,11 +345,11 @@ def bestofk_table(rows, order):
     return "\n".join(lines) + "\n"
 
 
-def summarise(rows, order, base=DEFAULT_CONDITION, paired=("gold_mean", "kl", "proxy_mean"),
+def summarise(rows, order, base=DEFAULT_CONDITION, paired=("gold_mean", "kl"),
               columns=COLUMNS):
     """Markdown: mean [Student-t 95 % interval over seeds] per condition; then each condition minus
-    `base` (or the suite's first condition), paired over seeds, where an interval that holds 0 reads
-    "not separated"."""
+    `base` (or the suite's first condition), paired over seeds, every such comparison of the table
+    one family read by three verdicts (family_cells; each column's margin margin_of's)."""
     # A suite without `base` is compared against its first condition.
     base = base if base in order else next((c for c in order if c != "pretrained"), None)
     header = "| condition | seeds | " + " | ".join(columns) + " |"
@@ -307,16 +367,28 @@ def summarise(rows, order, base=DEFAULT_CONDITION, paired=("gold_mean", "kl", "p
             lines.append(f"| {cond} | {seeds} | " + " | ".join(cells) + " |")
     if base and len({r["seed"] for r in rows if r["condition"] == base}) < 2:
         lines += ["", "One seed: no intervals, no paired differences (run --seeds=3 or more)."]
-    elif base:
-        title = (f"Paired differences against {base} (same seeds), Student-t 95 % interval, n the "
-                 "seeds:")
-        paired_header = "| condition | seeds | " + " | ".join(f"Δ {c}" for c in paired) + " |"
-        lines += ["", title, "", paired_header, "|---" * (len(paired) + 2) + "|"]
-        for cond in order:
-            cis = [paired_ci(rows, cond, base, c) for c in paired]
-            if cond not in (base, "pretrained") and cis[0]:
-                diffs = " | ".join(verdict(ci) for ci in cis)
-                lines.append(f"| {cond} | {cis[0][3]} | " + diffs + " |")
+        return "\n".join(lines) + "\n"
+    if not base:
+        return "\n".join(lines) + "\n"
+    margins = [margin_of(c, [r[c] for r in rows if r["condition"] == base]) for c in paired]
+    compared, stats, ns = [], [], {}
+    for cond in order:
+        if cond in (base, "pretrained"):
+            continue
+        diffs = [paired_diffs(rows, cond, base, c) for c in paired]
+        if len(diffs[0]) >= 2:
+            compared.append(cond)
+            ns[cond] = len(diffs[0])
+            stats += [paired_stats(d) for d in diffs]
+    cells = family_cells(stats, margins * len(compared))
+    lines += ["", f"Paired differences against {base} (same seeds): mean [Student-t 95 % "
+              "interval], n the seeds, and the verdict.", "",
+              "| condition | seeds | " + " | ".join(f"Δ {c}" for c in paired) + " |",
+              "|---" * (len(paired) + 2) + "|"]
+    for k, cond in enumerate(compared):
+        row = cells[k * len(paired):(k + 1) * len(paired)]
+        lines.append(f"| {cond} | {ns[cond]} | " + " | ".join(row) + " |")
+    lines += ["", margins_line(paired, margins, len(stats))]
     return "\n".join(lines) + "\n"
 
 
@@ -349,26 +421,30 @@ def models_table(rows, conds, models, base=DEFAULT_CONDITION, extra=()):
              "| condition | seeds | " + " | ".join(h for _, _, h in columns)
              + " | Δ gold per model | Δ gold over models | spread: models / seeds |",
              "|---" * (len(columns) + 5) + "|"]
-    for c in ["pretrained"] + [c for c in conds if c != "pretrained"]:
-        if not all(values(c, m, "gold_mean") for m in models):
-            continue
+    shown = [c for c in ["pretrained"] + [c for c in conds if c != "pretrained"]
+             if all(values(c, m, "gold_mean") for m in models)]
+    diffs = {c: {m: paired_diffs(rows, name(c, m), name(base, m), "gold_mean") for m in models}
+             for c in shown}
+    # The claim over models, each condition against base: one family.
+    compared = [c for c in shown if c not in ("pretrained", base)
+                and all(len(d) >= 2 for d in diffs[c].values())]
+    stats = [paired_stats([np.mean(d) for d in diffs[c].values()]) for c in compared]
+    over = dict(zip(compared, family_cells(stats, [MARGINS["gold_mean"]] * len(stats))))
+    for c in shown:
         cells = [" / ".join(f"{np.mean(values(c, m, col)):{fmt}}" if values(c, m, col) else "-"
                             for m in models) for col, fmt, _ in columns]
         seeds = " / ".join(str(len(values(c, m, "gold_mean"))) for m in models)
-        diffs = {}
-        for m in models:
-            a, b = ({r["seed"]: r["gold_mean"] for r in rows if r["condition"] == name(x, m)}
-                    for x in (c, base))
-            diffs[m] = [a[s] - b[s] for s in sorted(set(a) & set(b))]
-        over = between = "-"
-        if c not in ("pretrained", base) and all(len(d) >= 2 for d in diffs.values()):
-            means = [float(np.mean(d)) for d in diffs.values()]
-            over = verdict(over_models(diffs.values()))
-            se = np.mean([np.std(d, ddof=1) / math.sqrt(len(d)) for d in diffs.values()])
+        between = "-"
+        if c in over:
+            means = [float(np.mean(d)) for d in diffs[c].values()]
+            se = np.mean([np.std(d, ddof=1) / math.sqrt(len(d)) for d in diffs[c].values()])
             between = f"{np.std(means, ddof=1):.2f} / {se:.2f}"
-        per = " / ".join(f"{np.mean(d):+.2f}" if d and c != base else "-" for d in diffs.values())
+        per = " / ".join(f"{np.mean(d):+.2f}" if d and c != base else "-"
+                         for d in diffs[c].values())
         lines.append(f"| {c} | {seeds} | {' | '.join(cells)} | "
-                     f"{per if c != 'pretrained' else '-'} | {over} | {between} |")
+                     f"{per if c != 'pretrained' else '-'} | {over.get(c, '-')} | {between} |")
+    if stats:
+        lines += ["", margins_line(["gold_mean"], [MARGINS["gold_mean"]], len(stats))]
     return "\n".join(lines) + "\n"
 
 

@@ -125,14 +125,27 @@ def test_bootstrap_interval_on_known_cases():
     assert (m, lo3, hi3) == (3.0, 1.0, 6.0)         # 3 seeds: each extreme resample has mass 1/27 > 2.5 %: [min, max]
 
 
-def test_paired_differences_and_not_separated():
-    rows = [dict(condition=c, seed=s, gold_mean=g) for c, s, g in
-            [("adaptive", 1, 0.0), ("adaptive", 2, 1.0), ("adaptive", 3, 2.0),
-             ("a", 1, 0.5), ("a", 2, 1.5), ("a", 3, 2.5),                # +0.5 on every seed: separated
-             ("b", 1, 1.0), ("b", 2, 0.0), ("b", 3, 2.0), ("b", 4, 9.0)]]   # +1, -1, 0: crosses 0; seed 4 unpaired
+def test_paired_differences_read_as_one_family_of_three_verdicts():
+    """summarise: each condition minus the baseline seed by seed (an unpaired seed left out), every comparison of
+    the table (conditions x columns) one Holm family, each cell its mean, 95 % t interval and verdict, as
+    tables.family_cells gives them against the margins stated (gold 0.25, KL a fifth of the baseline's)."""
+    rows = [dict(condition=c, seed=s, gold_mean=g, kl=k) for c, s, g, k in
+            [("adaptive", 1, 0.0, 5.0), ("adaptive", 2, 1.0, 5.0), ("adaptive", 3, 2.0, 5.0),
+             ("a", 1, 0.5, 9.0), ("a", 2, 1.5, 9.1), ("a", 3, 2.5, 9.2),              # +0.5 every seed: different
+             ("b", 1, 1.0, 5.0), ("b", 2, 0.0, 5.2), ("b", 3, 2.0, 4.8), ("b", 4, 9.0, 1.0),   # +1, -1, 0: undecided
+             ("c", 1, 0.01, 5.01), ("c", 2, 1.0, 4.99), ("c", 3, 1.99, 5.0),    # within ±0.01: equivalent
+             ("d", 1, 0.3, 5.0), ("d", 2, 1.5, 5.0), ("d", 3, 2.4, 5.0)]]   # p 0.02 alone, not in a family of 8
+    md = tables.summarise(rows, ["adaptive", "a", "b", "c", "d"], columns=["gold_mean", "kl"])
+    stats = [tables.paired_stats(tables.paired_diffs(rows, c, "adaptive", col)) for c in "abcd"
+             for col in ("gold_mean", "kl")]
+    cells = tables.family_cells(stats, [0.25, 1.0] * 4)
+    for k, c in enumerate("abcd"):
+        assert f"| {c} | 3 | {cells[2 * k]} | {cells[2 * k + 1]} |" in md
+    assert cells[0].endswith("different") and cells[2].endswith("undecided") and cells[4].endswith("equivalent")
+    assert cells[6].endswith("undecided") and tables.family_cells(stats[6:7], [0.25])[0].endswith("different")
+    assert "one family of 8 comparisons (Holm)" in md and "gold_mean ±0.25, kl ±1" in md
     a, b = tables.paired_ci(rows, "a", "adaptive", "gold_mean"), tables.paired_ci(rows, "b", "adaptive", "gold_mean")
-    assert a == (0.5, 0.5, 0.5, 3) and "not separated" not in tables.verdict(a)
-    assert b[0] == 0.0 and b[1] < 0 < b[2] and b[3] == 3 and tables.verdict(b).endswith("not separated")
+    assert a == (0.5, 0.5, 0.5, 3) and b[0] == 0.0 and b[1] < 0 < b[2] and b[3] == 3
 
 
 def test_the_models_table_takes_each_models_mean_as_the_unit():
@@ -146,7 +159,7 @@ def test_the_models_table_takes_each_models_mean_as_the_unit():
     line = next(x for x in md.splitlines() if x.startswith("| no_kl |"))
     # Over 2 models: mean -1.25, s = 1.5/√2, t(0.975, 1) = 12.7062: half = 12.7062 · 0.75 = 9.5297.
     assert "| 2 / 2 | -0.50 / +1.50 | -1.0 / 3.0 | 0.50 / 0.50 | -2.00 / -0.50 |" in line
-    assert "-1.250 [-10.780, +8.280] not separated" in line
+    assert "-1.250 [-10.780, +8.280] undecided" in line
     # Between the models' means: s = 1.0607; seeds alone: (0/√2 + 0.7071/√2) / 2 = 0.25.
     assert line.endswith("| 1.06 / 0.25 |")
     assert md.count("| pretrained | 1 / 1 | +0.50 / +0.25 |") == 1 and "(main, model2;" in md

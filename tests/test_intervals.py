@@ -173,6 +173,19 @@ def test_equivalence_is_declared_at_most_5_percent_of_the_time_at_the_margin_and
     assert tables.three_verdicts([(1.0, 0.1, 4)], 5.0)[0][0] == "different"
 
 
+def test_a_column_without_a_margin_is_never_equivalent_and_leaves_the_equivalence_family():
+    """three_verdicts with margin None for a comparison: it reads different or undecided only, and the equivalence
+    family is the comparisons that have a margin (Holm's multiplier counts them alone)."""
+    assert tables.three_verdicts([(0.0, 0.01, 4)], [None])[0][0] == "undecided"
+    assert tables.three_verdicts([(1.0, 0.01, 4)], [None])[0][0] == "different"
+    tight = (0.0, 0.1, 4)
+    alone = tables.three_verdicts([tight], [0.5])[0][2]
+    assert tables.three_verdicts([tight, (0.0, 1.0, 4)], [0.5, None])[0][2] == alone
+    assert tables.three_verdicts([tight, (0.0, 1.0, 4)], [0.5, 0.5])[0][2] > alone
+    assert tables.margin_of("kl", [4.0, 6.0]) == pytest.approx(1.0) and tables.margin_of("pass_16", []) == 0.05
+    assert tables.margin_of("distinct_2", [1.0]) is None and tables.margin_of("gold_mean", []) == 0.25
+
+
 def test_a_seed_s_frontier_of_endpoints_is_linear_between_its_runs_ends_sorted_by_kl():
     points = [(4.0, 1.0), (1.0, 0.0), (2.0, 2.0)]
     assert tables.endpoint_frontier(points, [0.5, 1.0, 1.5, 3.0, 4.0, 5.0]) == [None, 0.0, 1.0, 1.5, 1.0, None]
