@@ -21,6 +21,11 @@ seeds each.
     python -m lab.ablate --fresh             # this command's runs again from the start
                                              # (never the main run: train.py's)
     python -m lab.ablate --kept=             # no kept runs taken or kept (default: lab/runs)
+    python -m lab.ablate --suite=beta --tables_only
+                                             # the tables and figures from lab/runs alone, on any
+                                             # CPU, without training (--base=HASH: the pretrained
+                                             # model's, where the archive holds several; the
+                                             # figures also into docs/figures/)
 
 results.md gives each column's mean with a Student-t 95 % interval over seeds, then each condition
 minus `adaptive` (or the suite's first condition) paired over seeds, each comparison of the table
@@ -251,14 +256,15 @@ def parse(argv):
         print(__doc__)
         sys.exit(0)
     opts = dict(quick=False, seeds=5, conditions="", suite="core", jobs=2, subdir="ablate",
-                kept=KEPT_DIR)
+                kept=KEPT_DIR, tables_only=False, base="")
     check_once(argv)
     user = []
     for a in argv:
         name, _, value = a[2:].partition("=")
         if a.startswith("--") and name in opts:
             try:
-                opts[name] = BOOLS[value.lower()] if name == "quick" else type(opts[name])(value)
+                yes_no = name in ("quick", "tables_only")
+                opts[name] = BOOLS[value.lower()] if yes_no else type(opts[name])(value)
             except (KeyError, ValueError):
                 die(f"bad value for --{name}: {value!r}")
         else:
@@ -311,6 +317,10 @@ def parse(argv):
         for d in (opts["kept"], os.path.join(opts["kept"], opts["subdir"])):
             if store.not_a_folder(d):
                 die(f"--kept={opts['kept']}: {d} {store.not_a_folder(d)}")
+    if opts["tables_only"] and not opts["kept"]:
+        die("--tables_only reads the kept runs: name their folder with --kept=FOLDER")
+    if opts["base"] and not opts["tables_only"]:
+        die("--base chooses among the kept runs' pretrained models: it goes with --tables_only")
     return opts, rest
 
 
@@ -319,6 +329,9 @@ RECORD = "run.json"
 # Where finished runs are kept (the project's folder, not out/), and which of a run's files: the
 # outputs the tables read, then the record. The weights (MBs each) are left out.
 KEPT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "runs")
+# Where --tables_only puts its figures: tracked files the documents show.
+FIGURES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs",
+                       "figures")
 KEPT = ("ppo.json", "metrics.jsonl")
 OUT_DEFAULT = RunConfig().out_dir
 
@@ -770,6 +783,92 @@ def _worker_init(parent):
     store.stop_writing_if_orphaned(parent)
 
 
+def pretrained_rows(opts, rest, cfg, base, adir, order, threads):
+    """The pretrained models' rows, scored as each run's final actor is (baseline_row): the main
+    run's ("pretrained") and each other model's of the models suite ("pretrained_MODEL"); each
+    kept under --kept's SUBDIR/pretrained with its base's input hashes, so --tables_only rebuilds
+    them without the base."""
+    seed0 = cfg.run.seed
+    models = [m for m in MODELS if any(f"{c}_{m}" in order for c in MODEL_CONDITIONS)]
+    out = []
+    for name, b in [("pretrained", base)] + [(f"pretrained_{m}", os.path.join(
+            adir, "bases", BASE_OF[m][0])) for m in models]:
+        started = time.time()
+        row = dict(baseline_row(cfg, b, seed0), condition=name)
+        out.append(row)
+        if opts["kept"]:
+            pcfg = train.parse(override(rest, ["--stage=ppo", f"--out_dir={b}"]))
+            inputs = stages.stamp(pcfg, stages.BY_NAME["ppo"])["inputs"]
+            archive.keep_pretrained(os.path.join(opts["kept"], opts["subdir"], "pretrained"),
+                                    pretrained_config(cfg), inputs, dict(row=row),
+                                    time.time() - started, threads, cfg.run.device)
+    return out
+
+
+def pretrained_config(cfg):
+    """What a kept pretrained row depends on besides its base (archive's)."""
+    ev = cfg.eval
+    return archive.pretrained_config(cfg, [cfg.run.seed], dict(
+        bestofk_n=ev.bestofk_n, pass_gold=ev.pass_gold, pass_gold_hard=ev.pass_gold_hard))
+
+
+def report(opts, cfg, rows, order, adir, run_dir, stamp_line, runs):
+    """results.md (and the suite's results_SUITE.md, results_ref.md), scores.png, frontier.png,
+    beta.png and bestofk.png into adir from the rows (the pretrained rows first, then one per
+    condition and seed as run, a SAME_AS condition under its twin's name); run_dir(cond, seed):
+    the folder holding a run's metrics.jsonl; stamp_line: made_by's; runs: how many PPO runs.
+    Returns (the tables, the report without its made-by line, rows as the tables read them)."""
+    pre = [r for r in rows if r["condition"].startswith("pretrained")]
+    ran = [r for r in rows if not r["condition"].startswith("pretrained")]
+    # Every condition's rows, a SAME_AS condition's taken from its twin's runs.
+    named = [dict(r, condition=c) for c in order for r in ran if r["condition"] == folder(c)]
+    rows = pre[:1] + named + pre[1:]
+    store.save_json(os.path.join(adir, "results.jsonl"), rows, lines=True)
+    models = [r["condition"][len("pretrained_"):] for r in pre[1:]]
+    order = ["pretrained"] + order
+    # The main base's conditions: a BASES condition has its own models, so its own tables.
+    main = [c for c in order if c not in BASES]
+    # Best-of-k, entropy and cost columns.
+    gold = any(c in SUITES["verifiable"] for c in order)
+    # k = 1, 2, 4, ... up to --bestofk_n.
+    ks = [int(c[5:]) for c in rows[0] if c.startswith("best_")]
+    against = "gold_adaptive" if "gold_adaptive" in order else DEFAULT_CONDITION
+    columns = dict(zip(("columns", "paired"), verifiable_columns(max(ks)))) if gold else {}
+    # Pairs by seed are made within the main base.
+    table = summarise(rows, main, base=against, **columns)
+    # The models suite's conditions on each pretrained model, the model as the unit.
+    table += models_table(rows, [c for c in MODEL_CONDITIONS if c in order], ["main"] + models)
+    if gold:
+        heading = ("\nBest of k (expected best gold among k samples per prompt), pass@k "
+                   f"(gold > {cfg.eval.pass_gold}) and hard@k (pass@k at gold > "
+                   f"{cfg.eval.pass_gold_hard}, the same samples), mean over seeds:\n\n")
+        table += heading + bestofk_table(rows, main)
+    body = (f"# ablate.py {' '.join(sys.argv[1:])}\n\n{runs} PPO runs. Mean [Student-t 95 % "
+            "interval] over the seeds listed (n = their number); held-out prompts.\n\n"
+            f"{table}{beta_table(run_dir, rows, order)}")
+    # What made the tables: the machine, the commit, this command and its wall time.
+    report_md = body + "\n" + stamp_line + "\n"
+    cheap = any(c in SUITES["cheap"] for c in order)
+    ref_report = ""
+    if cheap:
+        ref_report = (f"# ablate.py {' '.join(sys.argv[1:])}\n\nMaking the reference cheap; "
+                      "mean [Student-t 95 % interval] over seeds; held-out prompts.\n\n"
+                      f"{ref_table(rows, main)}\n{stamp_line}\n")
+    store.write_text(os.path.join(adir, "results.md"),
+                     report_md + ("\n" + ref_report if cheap else ""))
+    # A suite's tables survive the next command.
+    if not opts["user_conditions"]:
+        store.write_text(os.path.join(adir, f"results_{opts['suite']}.md"), report_md)
+        if cheap:
+            store.write_text(os.path.join(adir, "results_ref.md"), ref_report)
+    plot(rows, adir, main, run_dir)
+    # The pretrained model against each actor.
+    if gold:
+        curves = bestofk_curves(rows, main, cfg.eval.pass_gold, cfg.eval.pass_gold_hard, ks)
+        plot_bestofk(curves, os.path.join(adir, "bestofk.png"))
+    return table, body, rows
+
+
 def ablate(opts, rest):
     cfg = train.parse(rest)
     base = cfg.run.out_dir
@@ -807,7 +906,7 @@ def ablate(opts, rest):
                     kept = os.path.join(opts["kept"], opts["subdir"], c, f"seed{seed}")
                 jobs.append((c, seed, flags_before(c, opts), made.get(c, base),
                              os.path.join(adir, c, f"seed{seed}"), threads, kept))
-        t0, rows = time.time(), [baseline_row(cfg, base, seed0)]
+        t0, rows = time.time(), []
         print(f"ablate: {len(jobs)} PPO runs ({opts['jobs']} at a time) into {adir}", flush=True)
         pool = None
         if opts["jobs"] > 1:
@@ -824,83 +923,110 @@ def ablate(opts, rest):
                 # No orphans, whatever happened.
                 pool.terminate()
                 pool.join()
-        # Every condition's rows, a SAME_AS condition's taken from its twin's runs.
-        named = [dict(r, condition=c) for c in order for r in rows[1:]
-                 if r["condition"] == folder(c)]
-        rows = rows[:1] + named
-        # The models suite's other pretrained models, each scored as the main one is.
-        models = [m for m in MODELS if any(f"{c}_{m}" in order for c in MODEL_CONDITIONS)]
-        for m in models:
-            rows.append(dict(baseline_row(cfg, os.path.join(adir, "bases", BASE_OF[m][0]), seed0),
-                             condition=f"pretrained_{m}"))
-        store.save_json(os.path.join(adir, "results.jsonl"), rows, lines=True)
-        order = ["pretrained"] + order
-        # The main base's conditions: a BASES condition has its own models, so its own tables.
-        main = [c for c in order if c not in BASES]
-        # Best-of-k, entropy and cost columns.
-        gold = any(c in SUITES["verifiable"] for c in order)
-        # k = 1, 2, 4, ... up to --bestofk_n.
-        ks = [int(c[5:]) for c in rows[0] if c.startswith("best_")]
-        against = "gold_adaptive" if "gold_adaptive" in order else DEFAULT_CONDITION
-        columns = dict(zip(("columns", "paired"), verifiable_columns(max(ks)))) if gold else {}
-        # Pairs by seed are made within the main base.
-        table = summarise(rows, main, base=against, **columns)
-        # The models suite's conditions on each pretrained model, the model as the unit.
-        table += models_table(rows, [c for c in MODEL_CONDITIONS if c in order], ["main"] + models)
-        if gold:
-            heading = ("\nBest of k (expected best gold among k samples per prompt), pass@k "
-                       f"(gold > {cfg.eval.pass_gold}) and hard@k (pass@k at gold > "
-                       f"{cfg.eval.pass_gold_hard}, the same samples), mean over seeds:\n\n")
-            table += heading + bestofk_table(rows, main)
+        rows = pretrained_rows(opts, rest, cfg, base, adir, order, threads) + rows
 
         def run_dir(cond, seed):
             return os.path.join(adir, folder(cond), f"seed{seed}")
-        report = (f"# ablate.py {' '.join(sys.argv[1:])}\n\n{len(jobs)} PPO runs, "
-                  f"{time.time() - t0:.0f} s in all (runs reused from earlier commands take 0 s). "
-                  "Mean [Student-t 95 % interval] over the seeds listed (n = their number); "
-                  "held-out prompts.\n\n"
-                  f"{table}{beta_table(run_dir, rows, order)}")
-        # What made the tables: the machine, the commit, this command and its wall time.
         stamp_line = made_by(started, rows, opts["jobs"], threads, cfg.run.device)
-        body = report
-        report += "\n" + stamp_line[1] + "\n"
-        cheap = any(c in SUITES["cheap"] for c in order)
-        ref_report = ""
-        if cheap:
-            ref_report = (f"# ablate.py {' '.join(sys.argv[1:])}\n\nMaking the reference cheap; "
-                          "mean [Student-t 95 % interval] over seeds; held-out prompts.\n\n"
-                          f"{ref_table(rows, main)}\n{stamp_line[1]}\n")
-        results = report + ("\n" + ref_report if cheap else "")
-        store.write_text(os.path.join(adir, "results.md"), results)
-        # A suite's tables survive the next command.
-        if not opts["user_conditions"]:
-            store.write_text(os.path.join(adir, f"results_{opts['suite']}.md"), report)
-            if cheap:
-                store.write_text(os.path.join(adir, "results_ref.md"), ref_report)
+        table, body, rows = report(opts, cfg, rows, order, adir, run_dir, stamp_line[1],
+                                   len(jobs))
         # The overopt tables, also of some of its conditions (--conditions: overopt.md only).
         if opts["suite"] == "overopt":
             # Best-of-n: up to 48 held-out prompts (as many as there are) dealt into 4 pools, 256
             # samples each (--quick: 2 pools of 2 prompts x 32).
             pool = (2, 2, 32) if opts["quick"] else (4, 12, 256)
             # The line that says what made it comes once, after the overopt tables.
-            report = body + "\n" + overopt_report(cfg, rest, base, adir, order[1:], rows,
-                                                   run_dir, pool, stamp_line)
+            overopt_md = body + "\n" + overopt_report(cfg, rest, base, adir, order, rows,
+                                                       run_dir, pool, stamp_line)
             if not opts["user_conditions"]:
-                store.write_text(os.path.join(adir, "results_overopt.md"), report)
-        plot(rows, adir, main, run_dir)
-        # The pretrained model against each actor.
-        if gold:
-            curves = bestofk_curves(rows, main, cfg.eval.pass_gold, cfg.eval.pass_gold_hard, ks)
-            plot_bestofk(curves, os.path.join(adir, "bestofk.png"))
+                store.write_text(os.path.join(adir, "results_overopt.md"), overopt_md)
         # Another base has its own world and tokenizer.
-        write_examples(cfg, base, adir, main, seed0, stamp_line[1])
+        write_examples(cfg, base, adir, ["pretrained"] + [c for c in order if c not in BASES],
+                       seed0, stamp_line[1])
         print(table)
+
+
+def tables_only(opts, rest):
+    """--tables_only: the suite's tables and figures rebuilt from the kept runs (lab/runs, or
+    --kept) and the pretrained models' kept rows alone, on any CPU, without training (archive.py
+    says which kept run stands for which; one base per pretrained model: --base names the main
+    one's where the archive holds several); the figures also into docs/figures/SUITE_NAME.png.
+    What the archive lacks is named, and nothing written. Not the overopt suite's tables yet
+    (their pretrained evaluations are not kept)."""
+    if opts["suite"] == "overopt":
+        raise RunError("--tables_only does not rebuild the overopt suite's tables: the pretrained "
+                       "model's evaluations they read are not kept")
+    started = time.time()
+    threads = 1 if opts["jobs"] > 1 else 0
+    # The runs' configs hold the threads they ran with.
+    if threads:
+        torch.set_num_threads(threads)
+    cfg = train.parse(rest)
+    order = opts["conditions"].split(",")
+    seeds = range(cfg.run.seed, cfg.run.seed + opts["seeds"])
+    found = {}
+    for c in dict.fromkeys(map(folder, order)):
+        for seed in seeds:
+            rcfg = train.parse(override(flags_before(c, opts), CONDITIONS[c] + [f"--seed={seed}"]))
+            found[(c, seed)] = archive.candidates(
+                os.path.join(opts["kept"], opts["subdir"], c, f"seed{seed}"), rcfg,
+                stages.BY_NAME["ppo"], KEPT)
+    chosen, lacks, bases = {}, [], {}
+    for group in dict.fromkeys(BASES[c][0] if c in BASES else "main" for c, _ in found):
+        mine = {k: v for k, v in found.items()
+                if (BASES[k[0]][0] if k[0] in BASES else "main") == group}
+        bases[group], picked, missing = archive.choose(mine, opts["base"] if group == "main"
+                                                       else "")
+        chosen.update(picked)
+        lacks += [f"{c}/seed{seed}" for c, seed in missing]
+    models = [m for m in MODELS if any(f"{c}_{m}" in order for c in MODEL_CONDITIONS)]
+    pre = []
+    for name, group in [("pretrained", "main")] + [(f"pretrained_{m}", BASE_OF[m][0])
+                                                   for m in models]:
+        kept = None
+        if bases.get(group):
+            kept = archive.kept_pretrained(os.path.join(opts["kept"], opts["subdir"],
+                                                        "pretrained"),
+                                           pretrained_config(cfg), base=bases[group])
+        if kept is None:
+            lacks.append(f"{name} (the pretrained model's row)")
+        else:
+            pre.append(dict(kept["values"]["row"], condition=name))
+    if lacks:
+        more = f" and {len(lacks) - 8} more" if len(lacks) > 8 else ""
+        raise RunError(f"--tables_only: {os.path.join(opts['kept'], opts['subdir'])} lacks "
+                       f"{', '.join(lacks[:8])}{more} (of {len(found)} runs and the pretrained "
+                       "rows) for this command")
+    rows = []
+    for (c, seed), (where, rec) in chosen.items():
+        s = store.load_json(os.path.join(where, "ppo.json"))
+        rows.append(ppo_row(c, seed, s, archive.made_on(rec), True))
+    rows = pre + rows
+
+    def run_dir(cond, seed):
+        return chosen[(folder(cond), seed)][0]
+    adir = os.path.join(cfg.run.out_dir, opts["subdir"])
+    os.makedirs(adir, exist_ok=True)
+    stamp_line = made_by(started, rows, opts["jobs"], threads, cfg.run.device)
+    table = report(opts, cfg, rows, order, adir, run_dir, stamp_line[1], len(found))[0]
+    # The figures, also where the documents show them.
+    for name in ("scores.png", "frontier.png", "beta.png", "bestofk.png"):
+        png = os.path.join(adir, name)
+        if os.path.exists(png) and os.path.getmtime(png) >= started:
+            os.makedirs(FIGURES, exist_ok=True)
+            with open(png, "rb") as f:
+                store.write_bytes(os.path.join(FIGURES, f"{opts['subdir']}_{opts['suite']}_"
+                                               f"{name}"), f.read())
+    print(table)
 
 
 def main(argv):
     opts, rest = parse(argv)
     try:
-        ablate(opts, rest)
+        if opts["tables_only"]:
+            tables_only(opts, rest)
+        else:
+            ablate(opts, rest)
     except RunError as e:
         die(str(e), e.code)
     except KeyboardInterrupt:

@@ -113,8 +113,7 @@ SUITE_FLAGS = ["--dpo_eval_every=28", "--eval_every=6"]
 QUICK = ["--dpo_epochs=0.1", "--dpo_eval_every=7", "--rollout_batch=32", "--ppo_iters=12",
          "--eval_every=3", "--n_eval=64", "--online_rounds=12", "--online_prompts=16"]
 # Where --tables_only puts its figure: a tracked file the documents show.
-FIGURES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs",
-                       "figures")
+FIGURES = ablate.FIGURES
 # What a kept DPO run keeps: its result json first (ablate.keep reads its seconds), its metrics.
 KEPT = ("dpo.json", "dpo_metrics.jsonl")
 

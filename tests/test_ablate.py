@@ -547,7 +547,7 @@ def test_the_overopt_suite_without_evaluations_is_refused_before_any_work(tmp_pa
     assert e.value.code == 2 and len(err) == 1 and "--eval_every=0" in err[0] and not os.listdir(tmp_path)
 
 
-def test_a_kept_run_stands_in_for_a_run_a_fresh_checkout_lacks(run, tmp_path):
+def test_a_kept_run_stands_in_for_a_run_a_fresh_checkout_lacks(run, tmp_path, monkeypatch, capsys):
     """A finished run's ppo.json, metrics.jsonl and record are kept (lab/runs; here --kept): with the
     run folders gone, as in a fresh checkout, the same command reuses them, runs nothing and says so
     under the tables; a kept file changed, a kept run made by other code or under another config is
@@ -604,6 +604,17 @@ def test_a_kept_run_stands_in_for_a_run_a_fresh_checkout_lacks(run, tmp_path):
     assert ("3 of the 3 runs were made by earlier commands and kept (all restored from the kept runs "
             "rather than run); they were made on ") in table
     assert "(a kept run: its weights were not kept)" in open(os.path.join(adir, "examples.md")).read()
+    # From the kept runs alone, into a folder without any base (as on a CPU that builds another): the same
+    # tables (the other CPU's run of no_kl is not mixed in: one base for the table), the figures also where the
+    # documents show them.
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    monkeypatch.setattr(ablate, "FIGURES", str(tmp_path / "figures"))
+    only = [a for a in argv if not a.startswith("--out_dir=")] + [f"--out_dir={bare}", "--tables_only"]
+    ablate.main(only)
+    assert open(bare / "ablate_kept" / "results.md").read().split("\nMade by")[0] == table.split("\nMade by")[0]
+    assert sorted(os.listdir(bare)) == ["ablate_kept"]
+    assert (tmp_path / "figures" / "ablate_kept_core_scores.png").stat().st_size > 0
     path = kept_file("no_kl", "metrics.jsonl")
     with open(path, "a") as f:
         f.write(" ")                                                    # a kept file changed: redone
@@ -621,6 +632,16 @@ def test_a_kept_run_stands_in_for_a_run_a_fresh_checkout_lacks(run, tmp_path):
     assert actors() == set()
     assert kept_file("no_kl", "metrics.jsonl") == path                  # in the same place, over the stale one
     assert files_in(str(other)) == theirs                               # and never over another CPU's
+    # What the archive lacks is named in one line, and nothing is written.
+    shutil.rmtree(kept_file("adaptive", ""))
+    shutil.rmtree(kept / "ablate_kept" / "pretrained")
+    os.remove(bare / "ablate_kept" / "results.md")
+    with pytest.raises(SystemExit) as e:
+        ablate.main(only)
+    err = capsys.readouterr().err
+    assert e.value.code != 0 and len(err.strip().splitlines()) == 1
+    assert "lacks adaptive/seed1337, pretrained (the pretrained model's row) (of 3 runs" in err
+    assert not os.path.exists(bare / "ablate_kept" / "results.md")
 
 
 def test_runs_are_kept_only_for_the_main_run_folder_unless_kept_says_where(tmp_path, capsys):
