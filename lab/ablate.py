@@ -975,8 +975,8 @@ def tables_only(opts, rest):
     for group in dict.fromkeys(BASES[c][0] if c in BASES else "main" for c, _ in found):
         mine = {k: v for k, v in found.items()
                 if (BASES[k[0]][0] if k[0] in BASES else "main") == group}
-        bases[group], picked, missing = archive.choose(mine, opts["base"] if group == "main"
-                                                       else "")
+        named = opts["base"] if group == "main" else ""
+        bases[group], picked, missing = archive.choose(mine, named)
         chosen.update(picked)
         lacks += [f"{c}/seed{seed}" for c, seed in missing]
     models = [m for m in MODELS if any(f"{c}_{m}" in order for c in MODEL_CONDITIONS)]
