@@ -76,8 +76,9 @@ from machinery.errors import RunError, die, run_main
 from options.evaluate import during_ppo
 from ref import load_checkpoint
 from lab import ablate, archive, overopt
-from lab.tables import (MARGINS, bestofk_cells, endpoint_frontier, models_table, t_cell, t_ci,
-                        three_verdicts, welch_ci, welch_stats)
+from lab.tables import (MARGINS, bestofk_cells, endpoint_frontier, family_cells, margins_line,
+                        models_table, paired_stats, t_cell, t_ci, three_verdicts, welch_ci,
+                        welch_stats)
 
 BETAS = ("0.05", "0.1", "0.3", "1", "5")
 TAUS = ("0.1", "1")
@@ -365,6 +366,24 @@ def by_epoch(trajs, order):
         # evaluates at each epoch's end): the change between them.
         change = [epoch_change(t, last[arm]) for t in ts]
         md.append(f"| {arm} | " + " | ".join(cells) + " | " + t_cell(change) + " |")
+    # Each epoch against the one before, run by run (exploratory: added once the first runs of the
+    # over-epochs suite had been seen); the table's gold comparisons are one family.
+    steps, stats, kl_moves = [], [], []
+    for arm in arms:
+        ts = list(trajs[arm].values())
+        for e in range(2, last[arm] + 1):
+            at = [(t["epoch"].index(float(e - 1)), t["epoch"].index(float(e))) for t in ts]
+            steps.append((arm, e))
+            stats.append(paired_stats([t["gold"][j] - t["gold"][i] for t, (i, j) in zip(ts, at)]))
+            kl_moves.append(t_cell([t["kl"][j] - t["kl"][i] for t, (i, j) in zip(ts, at)],
+                                   "{:+.1f}"))
+    cells = family_cells(stats, [MARGINS["gold_mean"]] * len(stats), "{:+.2f}")
+    md += ["", "Each epoch's end against the one before, run by run (same seed): Δ gold [Student-t "
+           "95 %] and its verdict, Δ KL (nats); exploratory, added once the first runs had been "
+           "seen:", "", "| arm | epochs | Δ gold | Δ KL |", "|---" * 4 + "|"]
+    md += [f"| {arm} | {e - 1} → {e} | {c} | {k} |" for (arm, e), c, k in zip(steps, cells,
+                                                                             kl_moves)]
+    md += ["", margins_line(["gold_mean"], [MARGINS["gold_mean"]], len(stats))]
     return "\n".join(md) + "\n"
 
 

@@ -546,6 +546,11 @@ def test_the_epoch_table_reads_each_run_at_the_end_of_each_pass():
     row = next(line for line in md.splitlines() if line.startswith("| dpo_0.1 |")).split(" | ")
     assert row[1] == " / ".join([t_cell([1.0, 2.0]), t_cell([2, 2], "{:.1f}"), t_cell([0.6, 0.6], "{:.2f}")])
     assert row[3].rstrip(" |") == t_cell([-0.5, -1.0])
+    # Epoch 2 against epoch 1, seed by seed: -0.5 and -1.0 in gold, +2 nats in each.
+    from lab.tables import family_cells, paired_stats
+    step = next(line for line in md.splitlines() if line.startswith("| dpo_0.1 | 1 → 2 |"))
+    assert step == f"| dpo_0.1 | 1 → 2 | {family_cells([paired_stats([-0.5, -1.0])], [0.25], '{:+.2f}')[0]} | " \
+        f"{t_cell([2, 2], '{:+.1f}')} |"
     one = {"dpo_0.1": {1337: dict(epoch=[0.0, 0.5, 1.0], gold=[0, 1, 2], kl=[0, 1, 2], acc_noisy=[None, 1, 1])}}
     assert dpo_suite.by_epoch(one, ["dpo_0.1"]) == ""
 
