@@ -14,9 +14,9 @@ Per response token t, with logp = log π_θ(y_t|s_t) and logp_ref = log π_ref(y
     seq_mean = k1 / L                  the common mistake: summed over the L response tokens it
                                        is the *mean* log-ratio (kept to measure it)
 The actor pays -β·kl_t at every response token (`shaped_rewards`). Unbiased *values* are not
-unbiased *gradients*: which placement gives the sequence KL's gradient is proved by enumeration
-in tests/test_estimators.py and summed up in ANSWER.md (of the single placements, only k1 as a
-detached reward does).
+unbiased *gradients*: which placement gives the sequence KL's gradient is checked by exact
+enumeration on small tabular policies in tests/test_estimators.py and summed up in
+answers/kl-placement.md (of the single placements, only k1 as a detached reward does).
 β comes from a controller with `value` and `update(kl, n)`, where kl is the batch mean of
 per-sequence summed KL and n the number of sequences.
 Left out: the sequence-level forward KL (it needs π_ref's samples), entropy bonuses (ppo.py has

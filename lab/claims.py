@@ -30,7 +30,7 @@ row named twice, no single "Student-t, n = N" under the table) is one line on st
 file and the field, exit 2; --exact takes =true, =false, =1 or =0 like train.py's booleans. A
 number that is not finite in the report always differs. A minus sign may be written as prose
 writes it (−).
-Left out: ANSWER.md's tables (each names the command that made it).
+Left out: the tables of answers/ (each names the command that made it).
 """
 # Ctrl-C while the imports below load torch (seconds) is one line and exit 130.
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ its exponential_, topk), element-wise and other kernels (the rest). "Python and 
 is left of the phase's profiled time: the interpreter, the autograd engine, the dispatcher and the
 profiler's own cost, so it is an upper bound. The first iteration is a warm-up and not counted.
 Both runs do the same work (the same seed): the clock's seconds are without the profiler.
-Left out: memory, CUDA kernels, torch.compile (ANSWER.md measures it separately).
+Left out: memory, CUDA kernels, torch.compile (answers/tokens-flops-trl.md measures it separately).
 """
 # Ctrl-C while the imports below load torch (seconds) is one line and exit 130.
 if __name__ == "__main__":

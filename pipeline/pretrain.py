@@ -24,7 +24,7 @@ from machinery.progress import fmt_time
 
 @dataclass
 class PretrainConfig:
-    # Muon reaches the quality bar in 500 iterations; AdamW needs 900 (ANSWER.md, "Fewer tokens").
+    # Muon reaches the quality bar in 500 iterations; AdamW needs 900 (answers/tokens-flops-trl.md).
     max_iters: int = arg(500, ">0")
     batch_size: int = arg(32, ">0")
     lr: float = arg(4e-3, ">0", "peak learning rate (warmup, then cosine to min_lr)")

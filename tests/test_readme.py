@@ -10,6 +10,10 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(ROOT, "README.md")
 DOCS = sorted(os.path.join(ROOT, "docs", n) for n in os.listdir(os.path.join(ROOT, "docs")) if n.endswith(".md"))
+ANSWER = os.path.join(ROOT, "ANSWER.md")
+# One file per question (and per piece of the machinery), ANSWER.md their index.
+ANSWERS = sorted(os.path.join(ROOT, "answers", n) for n in os.listdir(os.path.join(ROOT, "answers"))
+                 if n.endswith(".md"))
 # The PPO loop and what it runs per iteration: each project function they call is named in README.
 LOOP = ["train_ppo", "rollout", "make_experience", "ppo_update", "collect_experience"]
 # How things are stored, reduced, configured and drawn, not the algorithm: their names need not be in README
@@ -112,6 +116,52 @@ def test_readme_is_a_front_page_whose_links_lead_somewhere():
             assert os.path.isfile(os.path.join(os.path.dirname(path), target)), f"{path} links to {target}"
     linked = set(re.findall(r"\]\((docs/\w+\.md)", text))
     assert {os.path.relpath(d, ROOT) for d in DOCS} <= linked, "a page of docs/ that README does not link"
+
+
+def slug(heading):
+    """GitHub's anchor of a heading: lower case, punctuation but hyphens dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def tracked_files():
+    """The files git tracks (what a clone has), or, outside a git checkout, every file under ROOT but out/."""
+    import subprocess
+    try:
+        out = subprocess.run(["git", "-C", ROOT, "ls-files"], capture_output=True, text=True, check=True).stdout
+        return set(out.split("\n")) - {""}
+    except (OSError, subprocess.CalledProcessError):
+        return {os.path.relpath(os.path.join(d, f), ROOT) for d, _, fs in os.walk(ROOT) for f in fs
+                if not os.path.relpath(d, ROOT).startswith(("out", ".git"))}
+
+
+def test_every_link_and_image_resolves_to_a_tracked_file_or_a_heading():
+    """README, ANSWER and docs: each relative link or image names a file git tracks (so a clone has it, never one
+    under out/ that only a run makes) or a folder of them, and each #anchor a heading of its page."""
+    tracked = tracked_files()
+    folders = {os.path.dirname(t) for t in tracked}
+    pages = [README, ANSWER] + ANSWERS + DOCS
+    for page in pages:
+        for target in re.findall(r"!?\[[^\]]*\]\(([^)\s]+)\)", read(page)):
+            if target.startswith(("http://", "https://", "mailto:")):
+                continue
+            path, _, anchor = target.partition("#")
+            where = os.path.relpath(os.path.normpath(os.path.join(os.path.dirname(page), path)), ROOT) if path \
+                else os.path.relpath(page, ROOT)
+            assert where in tracked or where in folders, f"{os.path.relpath(page, ROOT)} links to {target}: not tracked"
+            if anchor and where.endswith(".md"):
+                heads = {slug(h) for h in re.findall(r"^#+ (.*)$", read(os.path.join(ROOT, where)), re.M)}
+                assert anchor in heads, f"{os.path.relpath(page, ROOT)} links to {target}: no such heading"
+
+
+def test_answer_is_an_index_of_at_most_300_lines_that_links_every_answer():
+    """ANSWER.md: each question with its answer in a paragraph and a link to its file; every file of answers/ is
+    linked from it, and each links back."""
+    text = read(ANSWER)
+    assert len(text.splitlines()) <= 300
+    linked = set(re.findall(r"\]\((answers/[\w-]+\.md)\)", text))
+    assert {os.path.relpath(a, ROOT) for a in ANSWERS} == linked
+    for a in ANSWERS:
+        assert "](../ANSWER.md)" in read(a), f"{a} does not link back to the index"
 
 
 def test_the_tables_name_files_and_functions_that_exist_with_their_line_counts():
@@ -231,7 +281,7 @@ COMMAND = re.compile(r"python (?:-m ([a-z_]+(?:\.[a-z_]+)*)|([a-z_]+)\.py)\b")
 def commands():
     """{module} of every `python FILE.py` and `python -m MODULE` the pages show (pytest and pip aside)."""
     out = set()
-    for path in [README, os.path.join(ROOT, "ANSWER.md")] + DOCS:
+    for path in [README, ANSWER] + ANSWERS + DOCS:
         for m in COMMAND.finditer(read(path)):
             module = m.group(1) or m.group(2)
             if module_file(module):
