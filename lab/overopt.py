@@ -81,26 +81,44 @@ def distinct_ties(texts):
 
 def fit(d, gain, form):
     """Least squares of gain = d(α - β·f(d)) through the origin, f(d) = d for form "bon" and
-    log d for form "rl". Returns dict(alpha, beta, r2, d_peak, gain_peak); the peak is None when
-    the fitted curve never turns (β <= 0) or, for "rl", turns only beyond d = e^50."""
+    log d for form "rl", α and β bounded to what they mean (α >= 0: the gain's first slope, β >=
+    0: how fast it bends down; the best fit with one of them at 0 where the free fit breaks a
+    bound). Returns dict(alpha, beta, r2, d_peak, gain_peak, d_max); the peak is None unless the
+    fitted curve turns (β > 0) within the data (d_peak <= d_max, the largest d fitted): a peak past
+    the data is the fit's extrapolation, not a measurement."""
     d = np.asarray(d, dtype=float)
     y = np.asarray(gain, dtype=float)
     second = d * d if form == "bon" else d * np.log(np.maximum(d, 1e-12))
     # gain = α·d - β·second: two columns, no intercept.
     cols = np.stack([d, -second], axis=1)
-    (alpha, beta), *_ = np.linalg.lstsq(cols, y, rcond=None)
-    resid = y - cols @ np.array([alpha, beta])
+    best = None
+    # The free fit, then each bound held at 0 (two parameters: the feasible fit of least error
+    # is one of these).
+    for keep in ((0, 1), (0,), (1,)):
+        coef = np.zeros(2)
+        coef[list(keep)] = np.linalg.lstsq(cols[:, keep], y, rcond=None)[0]
+        if (coef >= 0).all():
+            err = float(((y - cols @ coef) ** 2).sum())
+            if best is None or err < best[0] - 1e-15:
+                best = (err, coef)
+    if best is None:
+        best = (float((y ** 2).sum()), np.zeros(2))
+    err, (alpha, beta) = best
     total = ((y - y.mean()) ** 2).sum()
-    r2 = 1.0 - float((resid ** 2).sum() / total) if total > 0 else 1.0
+    r2 = 1.0 - err / total if total > 0 else 1.0
+    d_max = float(d.max()) if d.size else 0.0
     d_peak, gain_peak = None, None
     if beta > 0 and form == "bon":
         d_peak = alpha / (2 * beta)
-        gain_peak = alpha * alpha / (4 * beta)
-    # dR/dd = α - β log d - β = 0; a peak far beyond the data (log d* > 50) is reported as none.
+    # dR/dd = α - β log d - β = 0 (log d* below 50: no overflow on the way to the check below).
     if beta > 0 and form == "rl" and alpha / beta - 1 < 50:
         d_peak = math.exp(alpha / beta - 1)
-        gain_peak = beta * d_peak
-    return dict(alpha=float(alpha), beta=float(beta), r2=r2, d_peak=d_peak, gain_peak=gain_peak)
+    if d_peak is not None and d_peak <= d_max:
+        gain_peak = float(curve(dict(alpha=alpha, beta=beta), d_peak, form))
+    else:
+        d_peak = None
+    return dict(alpha=float(alpha), beta=float(beta), r2=float(r2), d_peak=d_peak,
+                gain_peak=gain_peak, d_max=d_max)
 
 
 def curve(f, d, form):

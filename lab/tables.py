@@ -861,14 +861,25 @@ def proxies_section(res, proxies):
     return lines
 
 
+def range_cell(values, fmt):
+    """mean (lowest to highest): the fits' own values, so the cell never leaves what the quantity
+    allows (a t interval of R² can pass 1, one of a bounded β go below 0)."""
+    return f"{fmt.format(np.mean(values))} ({fmt.format(min(values))} to {fmt.format(max(values))})"
+
+
 def fit_cells(fits):
-    """α, β, R², d* and the gain at d* of per-seed (or per-pool) fits: mean [t interval] each."""
-    cells = [t_cell([f[k] for f in fits], "{:.3f}") for k in ("alpha", "beta")]
-    cells.append(t_cell([f["r2"] for f in fits], "{:.2f}"))
-    peaks = [f["d_peak"] ** 2 if f["d_peak"] is not None else None for f in fits]
-    cells.append(t_cell(peaks, "{:.1f}"))
-    cells.append(t_cell([f["gain_peak"] for f in fits]))
-    return cells
+    """α, β, R², the KL at the peak and the gain there of per-seed (or per-pool) fits (overopt.fit,
+    α and β bounded): mean (range over the fits) each; a peak only where the fitted curve turns
+    within the fit's data, else "no peak within N nats" (N: the largest KL fitted)."""
+    cells = [range_cell([f[k] for f in fits], "{:.3f}") for k in ("alpha", "beta")]
+    cells.append(range_cell([f["r2"] for f in fits], "{:.2f}"))
+    peaks = [f["d_peak"] ** 2 for f in fits if f["d_peak"] is not None]
+    gains = [f["gain_peak"] for f in fits if f["d_peak"] is not None]
+    within = max(f["d_max"] ** 2 for f in fits)
+    if not peaks:
+        return cells + [f"no peak within {within:.1f} nats", "-"]
+    some = "" if len(peaks) == len(fits) else f"{len(peaks)} of {len(fits)}: "
+    return cells + [some + range_cell(peaks, "{:.1f}"), some + range_cell(gains, "{:+.2f}")]
 
 
 def fits_section(trajs, frees, betas, bon, res):
@@ -879,10 +890,10 @@ def fits_section(trajs, frees, betas, bon, res):
              "Least squares through the origin, d = √KL: PPO's d(α − β log d), best-of-n's "
              "d(α − βd). One fit per seed (β = 0: its evaluations; fixed β: each β's final "
              "evaluation, one point per β) or per pool of held-out prompts (best-of-n: the prompts "
-             "dealt into 4 pools); each column the mean [Student-t 95 % interval] over the fits "
-             "(the band over seeds or pools); KL at the peak where the fitted curve turns ('-' "
-             "where none turns; a peak beyond the data's largest KL is the fit's extrapolation)."
-             "\n",
+             "dealt into 4 pools), α >= 0 and β >= 0 (bounded to what they mean); each column "
+             "the mean (range over the fits); the KL at the peak only where the fitted curve "
+             "turns within the KL the fit saw (a peak beyond it is the fit's extrapolation, not a "
+             "measurement).\n",
              "| frontier | fits | α | β | R² | KL at peak | gain at peak |",
              "|---|---|---|---|---|---|---|"]
     for cond in frees:

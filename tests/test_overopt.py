@@ -255,7 +255,7 @@ def test_the_forms_are_fitted_per_seed_to_frontiers_and_recover_their_parameters
     res = empty()
     cells = row_of(tables.fits_section(trajs, ["free"], [], {}, res), "free")
     assert [f["alpha"] for f in res["fits"]["free"]] == pytest.approx([0.8, 1.0])
-    assert cells[2].startswith("0.900 [") and cells[3] == "0.300 [0.300, 0.300]"
+    assert cells[2] == "0.900 (0.800 to 1.000)" and cells[3] == "0.300 (0.300 to 0.300)"
 
 
 def test_the_plan_pairs_each_penalty_with_the_unpenalised_run_of_its_base_lambda_and_advantage():
@@ -373,3 +373,33 @@ def test_the_overopt_suite_on_some_of_its_conditions_writes_its_tables_from_each
     assert proxies["rm1"]["about"] == "--rm_layers=1" and proxies["rm1"]["n_val"] == rm1["n_val"]
     assert proxies["rm1"]["d_frontier"] == res["pairs"]["long_adaptive_rm1 - free_rm1"]["d_frontier"]
     assert "## The key pair on proxies of other quality" in md and "| rm1 | --rm_layers=1 |" in md
+
+
+def test_a_fit_keeps_alpha_and_beta_to_what_they_mean_and_a_peak_to_the_data():
+    """overopt.fit: a gain that only curves up gets β = 0 (not a negative bend) and no peak; a peak past the
+    largest d fitted is not reported; fit_cells gives each quantity's mean and range, never an interval past 1 for
+    R², and says "no peak within N nats" where no fit turns within its data."""
+    from lab import tables
+    d = np.linspace(0.1, 2.0, 20)
+    up = 0.5 * d + 0.3 * d * d
+    f = overopt.fit(d, up, "bon")
+    assert f["beta"] == 0.0 and f["alpha"] > 0 and f["d_peak"] is None
+    # The true bon peak is at d = 1.3 / 0.8 = 1.625: inside [0.1, 2.0], but not inside [0.1, 1.2].
+    clean = 1.3 * d - 0.4 * d * d
+    assert overopt.fit(d, clean, "bon")["d_peak"] == pytest.approx(1.625)
+    short = d[d <= 1.2]
+    assert overopt.fit(short, 1.3 * short - 0.4 * short * short, "bon")["d_peak"] is None
+    # The best feasible fit: no pair (α, β >= 0) on a grid does better than the bounded fit.
+    noisy = up + np.random.default_rng(0).normal(0, 0.3, d.shape)
+    g = overopt.fit(d, noisy, "rl")
+    second = d * np.log(d)
+
+    def err(a, b):
+        return float(((noisy - (a * d - b * second)) ** 2).sum())
+    assert g["alpha"] >= 0 and g["beta"] >= 0
+    grid = min(err(a, b) for a in np.linspace(0, 3, 121) for b in np.linspace(0, 3, 121))
+    assert err(g["alpha"], g["beta"]) <= grid + 1e-9
+    fits = [overopt.fit(d, up, "bon"), overopt.fit(d, up * 1.1, "bon")]
+    cells = tables.fit_cells(fits)
+    assert cells[3] == f"no peak within {2.0 ** 2:.1f} nats" and cells[4] == "-"
+    assert cells[2] == tables.range_cell([f["r2"] for f in fits], "{:.2f}") and all(f["r2"] <= 1 for f in fits)
