@@ -16,8 +16,6 @@ model as the unit), `ref_table` (the cheap-reference table), `beta_table` (β ov
 `plot` (scores.png, frontier.png, beta.png) read ablate.py's rows (one per condition and seed,
 results.jsonl) and, for the curves, each run's metrics.jsonl in the folder `run_dir(condition,
 seed)` ablate.py names.
-The overopt suite's sections (`pair_section` and those after it) still read an interval that holds
-0 as "not separated" (`verdict`, `t_verdict`): they are the next to take three verdicts.
 Left out: intervals for the curves.
 """
 import functools, json, math, os
@@ -251,11 +249,6 @@ def over_models(per_model):
     is in it; its coverage for seeds nested in models is simulated in tests/test_intervals.py."""
     means = [float(np.mean(d)) for d in per_model]
     return t_ci(means) + (len(means),)
-
-
-def verdict(ci):
-    mean, lo, hi, n = ci
-    return f"{mean:+.3f} [{lo:+.3f}, {hi:+.3f}]" + (" not separated" if lo <= 0 <= hi else "")
 
 
 def endpoint_frontier(points, targets):
@@ -579,15 +572,6 @@ def t_cell(values, fmt="{:+.2f}", mark=""):
     return text + (f" ({len(v)} of {len(values)})" if len(v) < len(values) else "") + mark
 
 
-def t_verdict(diffs):
-    """A paired difference's cell: mean [t interval], n, and "not separated" when the interval
-    holds 0; '-' below 2 pairs."""
-    if len(diffs) < 2:
-        return "-"
-    mean, lo, hi = t_ci(diffs)
-    return verdict((mean, lo, hi, len(diffs))) + f" (n {len(diffs)})"
-
-
 # The overopt suite's KL budgets (nats) and the iterations its equal-steps table reads.
 FRONTIER_KLS = (1, 2, 3, 4, 6, 8, 10)
 STEPS = (4, 8, 16, 40, 80, 160, 240)
@@ -677,33 +661,64 @@ def stop_section(trajs, rows, stops, free, res):
     return lines
 
 
+def compared(diffs, margin):
+    """A cell comparing paired differences with 0 (None left out): a comparison for family_rows
+    when two or more are there, else '-'."""
+    v = [x for x in diffs if x is not None]
+    if len(v) < 2:
+        return "-"
+    return dict(stats=paired_stats(v), margin=margin, note=f" (n {len(v)})")
+
+
+def family_rows(rows, fmt="{:+.3f}"):
+    """Markdown rows from lists of cells, each a string or a comparison (`compared`'s, or a
+    dict(stats, margin, note) for Welch's); every comparison of the rows is one family
+    (family_cells). Returns (the lines, the family's size)."""
+    comps = [c for r in rows for c in r if isinstance(c, dict)]
+    cells = iter(family_cells([c["stats"] for c in comps], [c["margin"] for c in comps], fmt))
+    lines = []
+    for r in rows:
+        out = [next(cells) + c["note"] if isinstance(c, dict) else c for c in r]
+        lines.append("| " + " | ".join(out) + " |")
+    return lines, len(comps)
+
+
 def penalised_section(trajs, pens, frees, res):
     """The penalised runs beside the β = 0 ones: the final evaluation, how much gold moved over
-    the last 20 iterations (flat when not separated from 0), and gold at equal steps."""
+    the last 20 iterations (against 0: one family, flat where equivalent), and gold at equal
+    steps."""
     lines = ["\n## The runs at equal optimisation steps\n",
              "Gold gain after each number of iterations (the β = 0 runs stop when they pass 12 "
              "nats: '-' after that), mean [Student-t 95 % interval] over seeds; for the penalised "
              "runs the final KL and gold and the change of gold over their last 20 iterations (a "
-             "least-squares slope over the evaluations in them; flat where not separated from "
-             "0).\n",
+             "least-squares slope over the evaluations in them, against 0: flat where it is "
+             "equivalent to 0).\n",
              "| run | seeds | final KL | final gold | Δ gold, last 20 it. | " + " | ".join(
                  f"it. {i}" for i in STEPS) + " |", "|---|---|---|---|---|" + "---|" * len(STEPS)]
     for cond in list(frees) + list(pens):
         ts = trajs[cond]
         at = {s: overopt.at_iters(t["iters"], t["gold"], STEPS) for s, t in ts.items()}
-        final_kl = [t["kl"][-1] for t in ts.values()]
-        final = [t["gold"][-1] for t in ts.values()]
-        last = [overopt.change_over_last(t["iters"], t["gold"]) for t in ts.values()]
-        res["steps"][cond] = dict(at=at, final_kl=final_kl, final_gold=final, last_20=last)
-        flat = ""
-        if cond in pens and len([x for x in last if x is not None]) >= 2:
-            mean, lo, hi = t_ci([x for x in last if x is not None])
-            flat = " flat" if lo <= 0 <= hi else " still moving"
-        pen = cond in pens
-        lines.append(f"| {cond} | {len(ts)} | {t_cell(final_kl, '{:.2f}') if pen else ''} | "
-                     f"{t_cell(final) if pen else ''} | {t_cell(last) + flat if pen else ''} | "
-                     + " | ".join(t_cell([at[s][i] for s in at]) for i in range(len(STEPS)))
-                     + " |")
+        res["steps"][cond] = dict(at=at, final_kl=[t["kl"][-1] for t in ts.values()],
+                                  final_gold=[t["gold"][-1] for t in ts.values()],
+                                  last_20=[overopt.change_over_last(t["iters"], t["gold"])
+                                           for t in ts.values()])
+    # Each penalised run's change over its last 20 iterations against 0: one family.
+    moved = {c: [x for x in res["steps"][c]["last_20"] if x is not None] for c in pens}
+    moved = {c: v for c, v in moved.items() if len(v) >= 2}
+    stats = [paired_stats(v) for v in moved.values()]
+    last = dict(zip(moved, family_cells(stats, [MARGINS["gold_mean"]] * len(stats), "{:+.2f}")))
+    for cond in list(frees) + list(pens):
+        st = res["steps"][cond]
+        cells = ["", "", ""]
+        if cond in pens:
+            cells = [t_cell(st["final_kl"], "{:.2f}"), t_cell(st["final_gold"]),
+                     last.get(cond, t_cell(st["last_20"]))]
+        lines.append(f"| {cond} | {len(trajs[cond])} | " + " | ".join(cells) + " | "
+                     + " | ".join(t_cell([st["at"][s][i] for s in st["at"]])
+                                  for i in range(len(STEPS))) + " |")
+    if stats:
+        lines.append("\n" + margins_line(["Δ gold, last 20 it."], [MARGINS["gold_mean"]],
+                                         len(stats)) + " Equivalent reads flat.\n")
     return lines
 
 
@@ -711,16 +726,18 @@ def pair_section(trajs, pairs, res):
     """Each penalised run against its own β = 0 run at the penalised run's final KL, paired by
     seed: its final gold minus the β = 0 frontier there (the best evaluation at or under that KL),
     and minus the β = 0 run's first pass through it (linear between two consecutive
-    iterations)."""
+    iterations); every difference of the table one family."""
     lines = ["\n## Each penalty against its own unpenalised run, at the penalty's KL\n",
              "Paired by seed: the penalised run's final gold gain minus (a) the β = 0 run's "
              "frontier at the penalised run's final KL (its best evaluation at or under it: the "
              "stop an oracle would choose) and (b) the β = 0 run's first pass through that KL "
              "(linear between two consecutive iterations' evaluations); mean [Student-t 95 % "
-             "interval], n pairs; not separated where it holds 0. † where some seed's β = 0 run "
-             "has no evaluation within 1 nat under the KL.\n",
+             "interval], n pairs, and the verdict. † where some seed's β = 0 run has no "
+             "evaluation within 1 nat under the KL: its frontier there is a bound, not a "
+             "measurement (the stop side is not measured).\n",
              "| penalty | its β = 0 run | KL | penalty's gold | β = 0 frontier there | "
              "penalty − frontier | penalty − first pass |", "|---|---|---|---|---|---|---|"]
+    rows = []
     for pen, free in pairs:
         if pen not in trajs or free not in trajs:
             continue
@@ -737,10 +754,15 @@ def pair_section(trajs, pairs, res):
         res["pairs"][f"{pen} - {free}"] = dict(kl=kl, gain=gain, frontier=front, first=first,
                                                  resolved=ok, d_frontier=d_front,
                                                  d_first=d_first)
-        lines.append(f"| {pen} | {free} | {t_cell(list(kl.values()), '{:.2f}')} | "
-                     f"{t_cell(list(gain.values()))} | "
-                     f"{t_cell(list(front.values()), mark='' if ok else ' †')} | "
-                     f"{t_verdict(d_front)} | {t_verdict(d_first)} |")
+        rows.append([pen, free, t_cell(list(kl.values()), "{:.2f}"),
+                     t_cell(list(gain.values())),
+                     t_cell(list(front.values()), mark="" if ok else " †"),
+                     compared(d_front, MARGINS["gold_mean"]),
+                     compared(d_first, MARGINS["gold_mean"])])
+    body, size = family_rows(rows)
+    lines += body
+    if size:
+        lines.append("\n" + margins_line(["gold"], [MARGINS["gold_mean"]], size) + "\n")
     return lines
 
 
@@ -760,11 +782,12 @@ def bought_section(trajs, pairs, res):
              "evaluations); 'final': the penalised run's final evaluation and the β = 0 run's "
              "first pass through that KL. Gold gains, mean [Student-t 95 % interval] over seeds; "
              "differences penalty − β = 0 paired by seed, n pairs (seeds whose runs both reach the "
-             "KL); the response length (tokens) and well-formed rate as means over those seeds, "
+             "KL), and the verdict; the response length (tokens) and well-formed rate as means over those seeds, "
              "penalty / β = 0.\n",
              "| penalty | its β = 0 run | KL | gold: penalty | gold: β = 0 | Δ gold | Δ proxy | "
              "length | well-formed |", "|---|---|---|---|---|---|---|---|---|"]
     res["bought"] = {}
+    rows = []
     keys = ("proxy", "gold", "length", "wellformed")
     for pen, free in pairs:
         if pen not in trajs or free not in trajs:
@@ -794,12 +817,16 @@ def bought_section(trajs, pairs, res):
             # Each of length and well-formed rate, as the penalised run's mean / the β = 0 run's.
             sides = {k: [float(np.mean([b[i][k] for b in pairs_read])) for i in (0, 1)]
                      for k in ("length", "wellformed")}
-            lines.append(f"| {pen} | {free} | {name} | "
-                         f"{t_cell([b[0]['gold'] for b in pairs_read])} | "
-                         f"{t_cell([b[1]['gold'] for b in pairs_read])} | "
-                         f"{t_verdict(d_gold)} | {t_verdict(d_proxy)} | "
-                         f"{sides['length'][0]:.1f} / {sides['length'][1]:.1f} | "
-                         f"{sides['wellformed'][0]:.2f} / {sides['wellformed'][1]:.2f} |")
+            rows.append([pen, free, name, t_cell([b[0]["gold"] for b in pairs_read]),
+                         t_cell([b[1]["gold"] for b in pairs_read]),
+                         compared(d_gold, MARGINS["gold_mean"]), compared(d_proxy, None),
+                         f"{sides['length'][0]:.1f} / {sides['length'][1]:.1f}",
+                         f"{sides['wellformed'][0]:.2f} / {sides['wellformed'][1]:.2f}"])
+    body, size = family_rows(rows)
+    lines += body
+    if size:
+        lines.append("\n" + margins_line(["gold", "proxy"], [MARGINS["gold_mean"], None], size)
+                     + "\n")
     return lines
 
 
@@ -822,8 +849,9 @@ def models_section(res, models):
             "Penalty − the β = 0 frontier at its KL, with each pretrained model (world, "
             "pretraining and reward model reseeded) as the unit: "
             + ", ".join(f"{m} {np.mean(v):+.3f} (n {len(v)} seeds)" for m, v in per.items())
-            + f"; over models {verdict((mean, lo, hi, len(means)))} (Student-t, n "
-            f"{len(means)} models); standard deviation between the models' means "
+            + f"; over models {family_cells([paired_stats(means)], [MARGINS['gold_mean']])[0]} "
+            f"(Student-t, n {len(means)} models, one comparison, margin ±"
+            f"{MARGINS['gold_mean']:g}); standard deviation between the models' means "
             f"{np.std(means, ddof=1):.3f}, against {se:.3f}, the standard error seeds alone give "
             f"a model's mean (between seeds within a model the standard deviation is "
             f"{within:.3f}).\n"]
@@ -844,20 +872,27 @@ def proxies_section(res, proxies):
              "that differ from the main one in size or data; each reward model's held-out "
              "accuracy against the annotator's noisy labels and against the gold order (pairs "
              "the gold scores tell apart). Mean [Student-t 95 % interval], n seeds; minus the "
-             "main proxy's: Welch's 95 % interval (another reward model, so unpaired).\n",
+             "main proxy's: Welch's 95 % interval (another reward model, so unpaired); each with "
+             "its verdict, the table one family.\n",
              "| proxy | what differs | held-out pairs | accuracy: noisy | accuracy: gold | "
              "penalty − frontier | minus the main proxy's |", "|---|---|---|---|---|---|---|"]
     res["proxies"] = {}
+    rows = []
     for m, p in per.items():
         d = res["pairs"][p["pair"]]["d_frontier"]
         diff = "-"
         ci = None
         if m != "main" and len(d) >= 2 and len(main) >= 2:
             ci = welch_ci(d, main)
-            diff = verdict(ci + (len(d) + len(main),)) + f" (n {len(d)} and {len(main)})"
+            diff = dict(stats=welch_stats(d, main), margin=MARGINS["gold_mean"],
+                        note=f" (n {len(d)} and {len(main)})")
         res["proxies"][m] = dict(p, d_frontier=d, minus_main=ci)
-        lines.append(f"| {m} | {p['about']} | {p['n_val']} | {p['acc_noisy']:.3f} | "
-                     f"{p['acc_gold']:.3f} | {t_verdict(d)} | {diff} |")
+        rows.append([m, p["about"], str(p["n_val"]), f"{p['acc_noisy']:.3f}",
+                     f"{p['acc_gold']:.3f}", compared(d, MARGINS["gold_mean"]), diff])
+    body, size = family_rows(rows)
+    lines += body
+    if size:
+        lines.append("\n" + margins_line(["gold"], [MARGINS["gold_mean"]], size) + "\n")
     return lines
 
 

@@ -243,7 +243,7 @@ def test_each_proxy_s_gap_is_its_own_seeds_and_its_difference_from_the_main_prox
     assert p["rm4"]["minus_main"] == pytest.approx((0.0, -half, half))
     assert df == pytest.approx(4.42, abs=0.01) and 2.571 < half / math.sqrt(va + vb) < 2.776   # t(5) < . < t(4)
     rm4 = row_of(lines, "rm4")
-    assert rm4[2:5] == ["300", "0.600", "0.700"] and "not separated (n 4 and 3)" in rm4[-1]
+    assert rm4[2:5] == ["300", "0.600", "0.700"] and "undecided (n 4 and 3)" in rm4[-1]
     assert row_of(lines, "rm1")[-1] == "- |"                                      # one seed: no interval
     assert tables.proxies_section(res, {"rm4": dict(about, pair="b - g")}) == []   # no main proxy: nothing
 
@@ -403,3 +403,16 @@ def test_a_fit_keeps_alpha_and_beta_to_what_they_mean_and_a_peak_to_the_data():
     cells = tables.fit_cells(fits)
     assert cells[3] == f"no peak within {2.0 ** 2:.1f} nats" and cells[4] == "-"
     assert cells[2] == tables.range_cell([f["r2"] for f in fits], "{:.2f}") and all(f["r2"] <= 1 for f in fits)
+
+
+def test_a_table_s_comparisons_are_one_family_whatever_row_or_column_they_sit_in():
+    """tables.family_rows: every comparison cell of the rows (paired against 0, or Welch) read by family_cells
+    over all of them together, in reading order, its n after it; fewer than two values give '-'."""
+    from lab import tables
+    a, b, c = [0.4, 0.6, 0.5], [0.1, -0.2, 0.05], [2.0, 2.1, 1.9]
+    rows = [["x", tables.compared(a, 0.25), tables.compared([1.0], 0.25)],
+            ["y", tables.compared(b, None), dict(stats=tables.welch_stats(c, a), margin=0.25, note=" (n 3 and 3)")]]
+    lines, size = tables.family_rows(rows, "{:+.2f}")
+    want = tables.family_cells([tables.paired_stats(a), tables.paired_stats(b), tables.welch_stats(c, a)],
+                               [0.25, None, 0.25], "{:+.2f}")
+    assert size == 3 and lines == [f"| x | {want[0]} (n 3) | - |", f"| y | {want[1]} (n 3) | {want[2]} (n 3 and 3) |"]
