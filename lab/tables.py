@@ -782,8 +782,8 @@ def bought_section(trajs, pairs, res):
              "evaluations); 'final': the penalised run's final evaluation and the β = 0 run's "
              "first pass through that KL. Gold gains, mean [Student-t 95 % interval] over seeds; "
              "differences penalty − β = 0 paired by seed, n pairs (seeds whose runs both reach the "
-             "KL), and the verdict; the response length (tokens) and well-formed rate as means over those seeds, "
-             "penalty / β = 0.\n",
+             "KL), and the verdict; the response length (tokens) and well-formed rate as means "
+             "over those seeds, penalty / β = 0.\n",
              "| penalty | its β = 0 run | KL | gold: penalty | gold: β = 0 | Δ gold | Δ proxy | "
              "length | well-formed |", "|---|---|---|---|---|---|---|---|---|"]
     res["bought"] = {}
