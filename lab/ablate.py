@@ -47,7 +47,9 @@ run: the tables come out the same, and say how many of their runs earlier comman
 or reused) and what made them. The inputs include the pretrained model's hash, so a kept run stands
 in only on a CPU whose rounding rebuilds the same base; elsewhere the runs are made again and kept
 beside it (HASH is a digest of the inputs), so runs made on several CPUs accumulate, each CPU's own
-set. The weights are not kept (examples.md says so for a kept run).
+set. The weights are not kept (examples.md says so for a kept run). The pretrained model's rows
+(each base's, scored as the runs are) are kept too, under lab/runs/SUBDIR/pretrained/inputs_HASH,
+so --tables_only rebuilds every table and figure from the archive on any CPU (lab/archive.py).
 
 The pretrained model, frozen reference and reward model come from the main run folder (--out_dir,
 built by train.py's stages when missing), so only PPO differs between rows. Every condition gets

@@ -46,7 +46,9 @@ each finished run's result json, metrics and record are also kept in
 lab/runs/SUBDIR/[MODEL/]ARM/seedN/inputs_HASH (SUBDIR dpo_suite, or dpo_suite_quick; for the
 main run folder, out/, only, unless --kept names a folder), and a run missing from out/ whose
 kept record matches is restored from there instead of being run; the weights are not kept
-(examples.md says so for a kept run).
+(examples.md says so for a kept run). The pretrained model's evaluations (where every curve starts,
+and best-of-n's curve) are kept under lab/runs/SUBDIR/pretrained/inputs_HASH, so --tables_only
+rebuilds the tables and the figure from the archive on any CPU (lab/archive.py).
 Tables: the mean over seeds with a Student-t 95 % interval (tables.t_ci, n = the seeds listed).
 Gold at equal KL (`at_equal_kl`): every endpoint (an offline arm at the end of each epoch, any
 other arm at the end of its budget) against the frontier of PPO's fixed-β endpoints (PPO_FIXED:
