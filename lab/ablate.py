@@ -327,7 +327,7 @@ def parse(argv):
 
 
 # In each run folder, written last: config, input and output hashes, as in stages.json.
-RECORD = "run.json"
+RECORD = archive.RECORD
 # Where finished runs are kept (the project's folder, not out/), and which of a run's files: the
 # outputs the tables read, then the record. The weights (MBs each) are left out.
 KEPT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "runs")
@@ -803,7 +803,7 @@ def pretrained_rows(opts, rest, cfg, base, adir, order, threads):
             inputs = stages.stamp(pcfg, stages.BY_NAME["ppo"])["inputs"]
             archive.keep_pretrained(os.path.join(opts["kept"], opts["subdir"], "pretrained"),
                                     pretrained_config(cfg), inputs, dict(row=row),
-                                    time.time() - started, threads, cfg.run.device)
+                                    time.time() - started, cfg.run.device)
     return out
 
 
@@ -948,6 +948,11 @@ def ablate(opts, rest):
         print(table)
 
 
+def group_of(key):
+    """The base a run of (condition, seed) is made on: "main", or its BASES folder's name."""
+    return BASES[key[0]][0] if key[0] in BASES else "main"
+
+
 def tables_only(opts, rest):
     """--tables_only: the suite's tables and figures rebuilt from the kept runs (lab/runs, or
     --kept) and the pretrained models' kept rows alone, on any CPU, without training (archive.py
@@ -973,14 +978,8 @@ def tables_only(opts, rest):
             found[(c, seed)] = archive.candidates(
                 os.path.join(opts["kept"], opts["subdir"], c, f"seed{seed}"), rcfg,
                 stages.BY_NAME["ppo"], KEPT)
-    chosen, lacks, bases = {}, [], {}
-    for group in dict.fromkeys(BASES[c][0] if c in BASES else "main" for c, _ in found):
-        mine = {k: v for k, v in found.items()
-                if (BASES[k[0]][0] if k[0] in BASES else "main") == group}
-        named = opts["base"] if group == "main" else ""
-        bases[group], picked, missing = archive.choose(mine, named)
-        chosen.update(picked)
-        lacks += [f"{c}/seed{seed}" for c, seed in missing]
+    chosen, missing, bases = archive.choose_groups(found, group_of, opts["base"])
+    lacks = [f"{c}/seed{seed}" for c, seed in missing]
     models = [m for m in MODELS if any(f"{c}_{m}" in order for c in MODEL_CONDITIONS)]
     pre = []
     for name, group in [("pretrained", "main")] + [(f"pretrained_{m}", BASE_OF[m][0])
@@ -995,12 +994,11 @@ def tables_only(opts, rest):
         else:
             pre.append(dict(kept["values"]["row"], condition=name))
     if lacks:
-        more = f" and {len(lacks) - 8} more" if len(lacks) > 8 else ""
-        raise RunError(f"--tables_only: {os.path.join(opts['kept'], opts['subdir'])} lacks "
-                       f"{', '.join(lacks[:8])}{more} (of {len(found)} runs and the pretrained "
-                       "rows) for this command")
+        raise archive.lacking(os.path.join(opts["kept"], opts["subdir"]), lacks, len(found))
+    # In the order the suite runs them.
     rows = []
-    for (c, seed), (where, rec) in chosen.items():
+    for c, seed in found:
+        where, rec = chosen[(c, seed)]
         s = store.load_json(os.path.join(where, "ppo.json"))
         rows.append(ppo_row(c, seed, s, archive.made_on(rec), True))
     rows = pre + rows
@@ -1011,8 +1009,11 @@ def tables_only(opts, rest):
     os.makedirs(adir, exist_ok=True)
     stamp_line = made_by(started, rows, opts["jobs"], threads, cfg.run.device)
     table = report(opts, cfg, rows, order, adir, run_dir, stamp_line[1], len(found))[0]
-    # The figures, also where the documents show them.
-    for name in ("scores.png", "frontier.png", "beta.png", "bestofk.png"):
+    # The figures, also where the documents show them: a whole suite's only (a few of its
+    # conditions would replace its figures).
+    names = [] if opts["user_conditions"] else ["scores.png", "frontier.png", "beta.png",
+                                                 "bestofk.png"]
+    for name in names:
         png = os.path.join(adir, name)
         if os.path.exists(png) and os.path.getmtime(png) >= started:
             os.makedirs(FIGURES, exist_ok=True)

@@ -44,7 +44,7 @@ def candidates(seed_dir, cfg, st, names):
             rec = store.load_json(path)
         except RunError:
             continue
-        if records.damaged_record(rec) or not isinstance(rec.get("made_on"), dict):
+        if records.damaged_record(rec) or machine(rec) is None:
             continue
         # Its own inputs stand in for the ones this machine cannot hash: config alone.
         stamp = dict(config=values, defaults=defaults, inputs=rec["inputs"])
@@ -53,17 +53,32 @@ def candidates(seed_dir, cfg, st, names):
     return out
 
 
-def choose(found, base=""):
+def machine(rec):
+    """The machine a kept run was made on, (cpu, AVX-512, native bf16); None when its record does
+    not say."""
+    m = rec.get("made_on")
+    try:
+        return m["cpu"], m["avx512"], m["native_bf16"]
+    except (KeyError, TypeError):
+        return None
+
+
+def choose(found, base="", on=None):
     """found: {key: [(folder, record)]}, each key a run of the table. Returns (base, {key: (folder,
     record)}, [keys the archive lacks on that base]): the base named by `base` (a prefix of the
-    pretrained model's hash), else the one with the most runs (ties: the first in hash order).
-    RunError when `base` matches no kept run, or several bases."""
+    pretrained model's hash), else the one with the most runs among those made on the machine
+    `on` (any machine when none was; ties: the first in hash order). RunError when `base` matches
+    no kept run, or several bases."""
     bases = sorted({base_of(rec) for runs in found.values() for _, rec in runs}, key=str)
     if base:
         bases = [b for b in bases if (b[0] or "").startswith(base)]
         if len({b[0] for b in bases}) != 1:
             raise RunError(f"--base={base}: {len({b[0] for b in bases})} pretrained models of the "
                            "archive match (give more of its hash)")
+    if on is not None:
+        there = [b for b in bases if any(base_of(rec) == b and machine(rec) == on
+                                         for runs in found.values() for _, rec in runs)]
+        bases = there or bases
     if not bases:
         return None, {}, list(found)
     counts = {b: sum(any(base_of(rec) == b for _, rec in runs) for runs in found.values())
@@ -77,6 +92,30 @@ def choose(found, base=""):
         else:
             missing.append(key)
     return best, chosen, missing
+
+
+def choose_groups(found, group_of, base=""):
+    """choose for each group of runs (group_of(key): "main" or another base's name), the main
+    group first: `base` names its base; every other group takes the base made on the machine
+    that made the main group's runs, where it has one. Returns ({key: (folder, record)}, [keys
+    lacking], {group: base})."""
+    groups = sorted({group_of(k) for k in found}, key=lambda g: g != "main")
+    chosen, missing, bases, on = {}, [], {}, None
+    for g in groups:
+        mine = {k: v for k, v in found.items() if group_of(k) == g}
+        bases[g], picked, lacks = choose(mine, base if g == "main" else "", on)
+        chosen.update(picked)
+        missing += lacks
+        if g == "main" and picked:
+            on = machine(next(iter(picked.values()))[1])
+    return chosen, missing, bases
+
+
+def lacking(folder, lacks, runs):
+    """The one-line error of a table the archive cannot rebuild: what folder lacks, the first 8."""
+    more = f" and {len(lacks) - 8} more" if len(lacks) > 8 else ""
+    return RunError(f"--tables_only: {folder} lacks {', '.join(lacks[:8])}{more} (of {runs} "
+                    "runs and the pretrained model's evaluations) for this command")
 
 
 def made_on(rec):
@@ -105,14 +144,21 @@ def inputs_folder(folder, inputs):
     return os.path.join(folder, "inputs_" + hashlib.sha256(text.encode()).hexdigest()[:12])
 
 
-def keep_pretrained(folder, config, inputs, values, seconds, threads, device):
-    """The pretrained model's evaluations (`values`, a dict) kept in inputs_folder(folder,
-    inputs), under their config and the base's input hashes."""
-    kept = inputs_folder(folder, inputs)
+def keep_pretrained(folder, config, inputs, values, seconds, device):
+    """The pretrained model's evaluations (`values`, a dict) kept in folder/inputs_HASH, HASH a
+    digest of the base's input hashes and the config, so evaluations under another config (other
+    seeds, sizes) are kept beside them; left as they are when the same values are kept there."""
+    kept = inputs_folder(folder, dict(inputs=inputs, config=config))
+    path = os.path.join(kept, PRETRAINED)
+    old = kept_pretrained(folder, config, inputs=inputs)
+    # Compared as JSON text: a NaN (a pretrained row's entropy) equals itself there.
+    same = json.dumps(values, sort_keys=True)
+    if old is not None and json.dumps(old.get("values"), sort_keys=True) == same:
+        return
     os.makedirs(kept, exist_ok=True)
-    store.save_json(os.path.join(kept, PRETRAINED), dict(
-        config=config, inputs=inputs, values=values,
-        made_on=provenance.stamp(seconds, threads, device)))
+    # Made in this process: its own threads.
+    store.save_json(path, dict(config=config, inputs=inputs, values=values,
+                               made_on=provenance.stamp(seconds, None, device)))
 
 
 def kept_pretrained(folder, config, inputs=None, base=None):

@@ -108,6 +108,8 @@ PPO_ARMS = {"ppo_adaptive": "adaptive", **PPO_FIXED}
 # arms and PPO's fixed βs, on one frontier.
 FRONTIER = ("dpo_0.1", "dpo_0.3", "ipo_0.1", "ipomean_0.1", "noref_0.1", "online_0.1", "online_0.3",
             "online_noref_0.1", "online_gold_0.1", "online_gold_noref_0.1", *PPO_FIXED)
+# Every arm: the suite's default.
+DEFAULT_ARMS = ",".join(list(ARMS) + list(PPO_ARMS))
 # The arms that also run on the other pretrained models (--models).
 MODEL_ARMS = ("dpo_0.1", "noref_0.1", "ppo_adaptive")
 # One epoch of the default 10,800 training pairs is 338 steps: 12 evaluations; PPO's 60
@@ -149,7 +151,7 @@ def parse(argv):
         print(__doc__)
         sys.exit(0)
     check_once(argv)
-    opts = dict(quick=False, seeds=5, arms=",".join(list(ARMS) + list(PPO_ARMS)), jobs=2,
+    opts = dict(quick=False, seeds=5, arms=DEFAULT_ARMS, jobs=2,
                 bon="12x256", models=",".join(ablate.MODELS), kept=ablate.KEPT_DIR, subdir="",
                 tables_only=False, base="")
     user = []
@@ -341,7 +343,8 @@ def by_epoch(trajs, order):
     """With more than one pass over the pairs: each offline arm at the end of each epoch (the
     evaluation made there), gold, exact KL and the implicit reward's held-out accuracy, then the
     change in gold from the first epoch's end to the last's, per run (does gold fall while the KL
-    grows?); empty when no arm ran past one epoch."""
+    grows?), and each epoch's end against the one before, seed by seed, the table's comparisons
+    one family (arms of two runs or more); empty when no arm ran past one epoch."""
     arms = [a for a in order if a in trajs and all("epoch" in t for t in trajs[a].values())]
     last = {a: min(int(t["epoch"][-1]) for t in trajs[a].values()) for a in arms}
     arms = [a for a in arms if last[a] > 1]
@@ -371,7 +374,8 @@ def by_epoch(trajs, order):
     # Each epoch against the one before, run by run (exploratory: added once the first runs of the
     # over-epochs suite had been seen); the table's gold comparisons are one family.
     steps, stats, kl_moves = [], [], []
-    for arm in arms:
+    # Two runs or more: a difference with an interval.
+    for arm in (a for a in arms if len(trajs[a]) >= 2):
         ts = list(trajs[arm].values())
         for e in range(2, last[arm] + 1):
             at = [(t["epoch"].index(float(e - 1)), t["epoch"].index(float(e))) for t in ts]
@@ -379,6 +383,8 @@ def by_epoch(trajs, order):
             stats.append(paired_stats([t["gold"][j] - t["gold"][i] for t, (i, j) in zip(ts, at)]))
             kl_moves.append(t_cell([t["kl"][j] - t["kl"][i] for t, (i, j) in zip(ts, at)],
                                    "{:+.1f}"))
+    if not stats:
+        return "\n".join(md) + "\n"
     cells = family_cells(stats, [MARGINS["gold_mean"]] * len(stats), "{:+.2f}")
     md += ["", "Each epoch's end against the one before, run by run (same seed): Δ gold [Student-t "
            "95 %] and its verdict, Δ KL (nats); exploratory, added once the first runs had been "
@@ -394,7 +400,8 @@ def endpoints(trajs, order):
     of each epoch (the end of a run of that many epochs: the learning rate is constant and each
     epoch's batches are drawn alike whatever the number of epochs), labelled "ARM, epoch E"; any
     other arm's last evaluation (the end of its budget: PPO's iterations, online DPO's rounds),
-    labelled ARM. An offline arm of less than one epoch is labelled by its arm, as the others."""
+    labelled ARM. An offline arm of less than one epoch is labelled by its arm, as the others; one
+    that ends past its last whole epoch (2.5 epochs) gives its whole epochs only."""
     out = {}
     for arm in order:
         for seed, t in trajs[arm].items():
@@ -441,7 +448,8 @@ def at_equal_kl(ends, ppo, start_gold, bon, margin):
             bon_cell = f"{float(np.interp(mean_kl, bon_kl, bon_gold)):+.2f}"
         cells[label] = [label, str(len(runs)), t_cell(kls, "{:.2f}"),
                         t_cell([g for _, g in runs.values()]), t_cell(theirs) if theirs else "-",
-                        "-", "outside PPO's range" if len(mine) < 2 else "", bon_cell]
+                        "-", "under 2 runs inside PPO's range" if len(mine) < 2 else "",
+                        bon_cell]
         if len(mine) >= 2:
             d, lo, hi = welch_ci(mine, theirs)
             cells[label][5] = f"{d:+.2f} [{lo:+.2f}, {hi:+.2f}]" + (
@@ -626,7 +634,7 @@ def placed(opts, order, seed0):
     return out
 
 
-def pretrained_evals(opts, rest, cfg, base, threads):
+def pretrained_evals(opts, rest, cfg, base):
     """The pretrained model's evaluation on each seed's stream (where every curve starts) and
     best-of-n by the proxy on its pool (--bon); kept under --kept's SUBDIR/pretrained, so
     --tables_only rebuilds the tables without the base. Returns (starts {seed: eval/ columns},
@@ -650,7 +658,7 @@ def pretrained_evals(opts, rest, cfg, base, threads):
         archive.keep_pretrained(os.path.join(opts["kept"], opts["subdir"], "pretrained"),
                                 pretrained_config(cfg, opts), inputs,
                                 dict(starts={str(k): v for k, v in starts.items()}, bon=bon),
-                                time.time() - started, threads, cfg.run.device)
+                                time.time() - started, cfg.run.device)
     return starts, bon
 
 
@@ -742,7 +750,7 @@ def suite(opts, rest):
                 pool.terminate()
                 pool.join()
         made = ablate.made_by(started, rows, opts["jobs"], threads, cfg.run.device)
-        starts, bon = pretrained_evals(opts, rest, cfg, base, threads)
+        starts, bon = pretrained_evals(opts, rest, cfg, base)
         metrics = {}
         for m, a, seed, where in runs:
             if m == "main":
@@ -764,6 +772,11 @@ def run_config(arm, seed, rest):
     return train.parse(flags), stages.BY_NAME["ppo"], ablate.KEPT
 
 
+def first(key):
+    """A key's first element (a run's model: "main" or another's name)."""
+    return key[0]
+
+
 def tables_only(opts, rest):
     """--tables_only: the suite's tables and figure rebuilt from the kept runs (lab/runs, or
     --kept) and the pretrained model's kept evaluations alone, on any CPU, without training
@@ -783,26 +796,17 @@ def tables_only(opts, rest):
         rcfg, st, names = run_config(a, seed, rest)
         found[(m, a, seed)] = archive.candidates(
             os.path.join(opts["kept"], opts["subdir"], *where), rcfg, st, names)
-    chosen, missing, main_base = {}, [], None
-    for model in dict.fromkeys(m for m, _, _, _ in runs):
-        mine = {k: v for k, v in found.items() if k[0] == model}
-        base, picked, lacks = archive.choose(mine, opts["base"] if model == "main" else "")
-        chosen.update(picked)
-        missing += lacks
-        if model == "main":
-            main_base = base
+    # One base per pretrained model (the key's first element: "main" or the model's name).
+    chosen, missing, bases = archive.choose_groups(found, first, opts["base"])
     pre = None
-    if main_base:
+    if bases.get("main"):
         pre = archive.kept_pretrained(os.path.join(opts["kept"], opts["subdir"], "pretrained"),
-                                      pretrained_config(cfg, opts), base=main_base)
-    if missing or pre is None:
-        lacks = ["/".join(where_of[k]) for k in missing]
-        if pre is None:
-            lacks.append("pretrained (the pretrained model's evaluations)")
-        more = f" and {len(lacks) - 8} more" if len(lacks) > 8 else ""
-        raise RunError(f"--tables_only: {os.path.join(opts['kept'], opts['subdir'])} lacks "
-                       f"{', '.join(lacks[:8])}{more} (of {len(runs)} runs and the pretrained "
-                       "model's evaluations) for this command")
+                                      pretrained_config(cfg, opts), base=bases["main"])
+    lacks = ["/".join(where_of[k]) for k in missing]
+    if pre is None:
+        lacks.append("pretrained (the pretrained model's evaluations)")
+    if lacks:
+        raise archive.lacking(os.path.join(opts["kept"], opts["subdir"]), lacks, len(runs))
     rows, metrics = [], {}
     for m, a, seed, where in runs:
         folder, rec = chosen[(m, a, seed)]
@@ -822,7 +826,11 @@ def tables_only(opts, rest):
     made = ablate.made_by(started, rows, opts["jobs"], threads, cfg.run.device)
     adir = os.path.join(cfg.run.out_dir, opts["subdir"])
     os.makedirs(adir, exist_ok=True)
-    figure = os.path.join(FIGURES, f"{opts['subdir']}_frontier.png")
+    # The figure where the documents show it: the suite's own arms only (a few of them would
+    # replace it).
+    figure = None
+    if opts["arms"] in (DEFAULT_ARMS, ",".join(FRONTIER)):
+        figure = os.path.join(FIGURES, f"{opts['subdir']}_frontier.png")
     print(report(opts, rows, metrics, starts, pre["values"]["bon"], order, adir, made, figure))
 
 

@@ -582,6 +582,11 @@ def test_a_kept_run_stands_in_for_a_run_a_fresh_checkout_lacks(run, tmp_path, mo
     seed_dir = kept / "ablate_kept" / "no_kl" / "seed1337"
     other = seed_dir / os.path.basename(ablate.kept_folder(str(seed_dir), rec))
     shutil.copytree(kept_file("no_kl", ""), other)
+    # Its own numbers (another base scores otherwise): a table that mixed it in would show them.
+    summary = json.load(open(other / "ppo.json"))
+    summary["final"]["gold_mean"] += 5.0
+    store.save_json(str(other / "ppo.json"), summary)
+    rec["outputs"]["ppo.json"] = store.file_hash(str(other / "ppo.json"))
     store.save_json(str(other / "run.json"), rec)
     theirs = files_in(str(other))
     made = json.load(open(kept_file("no_kl", "run.json")))["made_on"]      # what made it, with the record
@@ -614,6 +619,10 @@ def test_a_kept_run_stands_in_for_a_run_a_fresh_checkout_lacks(run, tmp_path, mo
     ablate.main(only)
     assert open(bare / "ablate_kept" / "results.md").read().split("\nMade by")[0] == table.split("\nMade by")[0]
     assert sorted(os.listdir(bare)) == ["ablate_kept"]
+    assert not (tmp_path / "figures").exists()                         # a few conditions: not published
+    # The suite named (its conditions these three): its figures are published where the documents show them.
+    monkeypatch.setitem(ablate.SUITES, "core", list(conds))
+    ablate.main([a for a in only if not a.startswith("--conditions=")])
     assert (tmp_path / "figures" / "ablate_kept_core_scores.png").stat().st_size > 0
     path = kept_file("no_kl", "metrics.jsonl")
     with open(path, "a") as f:

@@ -68,14 +68,38 @@ def test_one_base_for_the_whole_table_and_what_it_lacks_named():
     assert archive.choose({"a": []}) == (None, {}, ["a"])
 
 
+def test_every_pretrained_model_s_runs_come_from_the_machine_that_made_the_main_ones():
+    """choose_groups: the main group's base first (the most runs), then each other group's base made on the same
+    machine as the main runs, even where another machine's base has more runs of that group."""
+    def rec(p, cpu):
+        return ("f_" + p, {"inputs": {"pretrain.pt": p, "reward.pt": "r"},
+                           "made_on": dict(cpu=cpu, avx512=True, native_bf16=True)})
+    found = {("main", 1): [rec("m1", "A")], ("main", 2): [rec("m1", "A")],
+             ("model2", 1): [rec("x1", "A"), rec("y1", "B")], ("model2", 2): [rec("y1", "B")]}
+    chosen, missing, bases = archive.choose_groups(found, lambda k: k[0])
+    assert bases == {"main": ("m1", "r"), "model2": ("x1", "r")} and missing == [("model2", 2)]
+    assert chosen[("model2", 1)][0] == "f_x1"
+
+
 def test_the_pretrained_evaluations_are_found_by_config_and_base(tmp_path):
     """keep_pretrained then kept_pretrained: found under the same config, by the base's input hashes or by its
     (pretrained, reward) hashes; another config or base finds nothing."""
     cfg = train.parse(["--seed=7"])
     config = archive.pretrained_config(cfg, [7, 8], dict(bon=[12, 256]))
     inputs = {"pretrain.pt": "p", "reward.pt": "r", "prompts.json": "q"}
-    archive.keep_pretrained(tmp_path, config, inputs, dict(starts={"7": 1}), 1.0, 1, "cpu")
+    archive.keep_pretrained(tmp_path, config, inputs, dict(starts={"7": 1}), 1.0, "cpu")
     assert archive.kept_pretrained(tmp_path, config, inputs=inputs)["values"] == dict(starts={"7": 1})
+    # Another config's evaluations are kept beside them, never over them; the same values are not rewritten.
+    other = dict(config, seeds=[7])
+    archive.keep_pretrained(tmp_path, other, inputs, dict(starts={"7": 2}), 1.0, "cpu")
+    assert archive.kept_pretrained(tmp_path, config, inputs=inputs)["values"] == dict(starts={"7": 1})
+    assert archive.kept_pretrained(tmp_path, other, inputs=inputs)["values"] == dict(starts={"7": 2})
+    [path] = [os.path.join(d, archive.PRETRAINED) for d in tmp_path.glob("inputs_*")
+              if archive.kept_pretrained(tmp_path, config, inputs=inputs) == store.load_json(
+                  os.path.join(d, archive.PRETRAINED))]
+    made = store.load_json(path)["made_on"]
+    archive.keep_pretrained(tmp_path, config, inputs, dict(starts={"7": 1}), 9.0, "cpu")
+    assert store.load_json(path)["made_on"] == made
     assert archive.kept_pretrained(tmp_path, config, base=("p", "r"))["values"] == dict(starts={"7": 1})
     assert archive.kept_pretrained(tmp_path, config, base=("p", "x")) is None
     assert archive.kept_pretrained(tmp_path, dict(config, eval_n=5), inputs=inputs) is None
