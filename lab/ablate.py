@@ -1011,9 +1011,8 @@ def tables_only(opts, rest):
     table = report(opts, cfg, rows, order, adir, run_dir, stamp_line[1], len(found))[0]
     # The figures, also where the documents show them: a whole suite's only (a few of its
     # conditions would replace its figures).
-    names = [] if opts["user_conditions"] else ["scores.png", "frontier.png", "beta.png",
-                                                 "bestofk.png"]
-    for name in names:
+    names = ["scores.png", "frontier.png", "beta.png", "bestofk.png"]
+    for name in ([] if opts["user_conditions"] else names):
         png = os.path.join(adir, name)
         if os.path.exists(png) and os.path.getmtime(png) >= started:
             os.makedirs(FIGURES, exist_ok=True)
