@@ -3,8 +3,8 @@
     python -m lab.ablate --suite=core        # runs the conditions (ablate.py), then writes these
                                          # into out/ablate/
 `t_ci` is the Student-t interval of a mean over seeds (its coverage at 3-10 seeds simulated in
-tests/test_intervals.py); `paired_ci` the interval of a condition minus the baseline condition,
-paired by seed; `three_verdicts` reads each comparison of a family (a table's comparisons with its
+tests/test_intervals.py); `paired_diffs` a condition minus the baseline condition, paired by
+seed; `three_verdicts` reads each comparison of a family (a table's comparisons with its
 baseline) as different, equivalent (inside ± its margin, MARGINS) or undecided, Holm's adjustment
 holding the family's error (both simulated in tests/test_intervals.py); `t_prediction` the
 interval a new seed's number falls in (lab/seeds.py); `welch_ci` the unpaired difference of two
@@ -120,14 +120,13 @@ def holm(pvalues):
 # condition's scale, so its margin is relative: a fifth of the baseline's own mean KL
 # (RELATIVE_MARGINS). A column without a margin is read by the test of a difference alone: it reads
 # "different" or "undecided", never "equivalent".
-MARGINS = {"gold_mean": 0.25, "wellformed_rate": 0.05, "eos_rate": 0.05, "pass_1": 0.05,
-           "hard_1": 0.05}
+MARGINS = {"gold_mean": 0.25, "wellformed_rate": 0.05, "eos_rate": 0.05}
 RELATIVE_MARGINS = {"kl": 0.2}
 
 
 def margin_of(col, base_values):
-    """A column's margin: MARGINS' own, or RELATIVE_MARGINS' fraction of the baseline's mean
-    (base_values); None when it has none (pass@k past k = 1 counts as a rate)."""
+    """A column's margin: MARGINS' own, 0.05 for pass@k and hard@k (rates), or RELATIVE_MARGINS'
+    fraction of the baseline's mean (base_values); None when it has none."""
     if col in MARGINS:
         return MARGINS[col]
     if col.startswith(("pass_", "hard_")):
@@ -236,13 +235,6 @@ def paired_diffs(rows, cond, base, col):
     return [a[s] - b[s] for s in sorted(set(a) & set(b))]
 
 
-def paired_ci(rows, cond, base, col):
-    """The Student-t interval of cond - base in column col over the seeds both have (paired: same
-    seed, same prompts, same first rollout): (mean, low, high, n). None below 2 shared seeds."""
-    d = paired_diffs(rows, cond, base, col)
-    return t_ci(d) + (len(d),) if len(d) >= 2 else None
-
-
 def over_models(per_model):
     """(mean, low, high, n): the pretrained model as the unit. Each model's mean over its seeds,
     then the Student-t 95 % interval of those means (n the models), so the variance between models
@@ -266,39 +258,6 @@ def endpoint_frontier(points, targets):
                 break
         out.append(hit)
     return out
-
-
-def equal_kl_table(methods, base, targets, margin):
-    """Gold at equal KL, each method its frontier of endpoints: methods is {name: {seed: [(kl,
-    gold), ...]}}; each seed's frontier read at each KL (endpoint_frontier); per KL, each
-    method's mean [t interval] over the seeds that reach it, and each other method minus `base`
-    by Welch (unpaired: the methods share no randomness), every comparison of the table one family
-    read by three_verdicts against `margin`. Returns the markdown table."""
-    read = {m: [endpoint_frontier(p, targets) for p in seeds.values()]
-            for m, seeds in methods.items()}
-    others = [m for m in methods if m != base]
-    cells, stats = {}, []
-    for i, t in enumerate(targets):
-        have = {m: [r[i] for r in read[m] if r[i] is not None] for m in methods}
-        for m in others:
-            if len(have[m]) >= 2 and len(have[base]) >= 2:
-                cells[(i, m)] = len(stats)
-                stats.append(welch_stats(have[m], have[base]))
-    words = three_verdicts(stats, margin)
-    head = f"| KL | {base} | " + " | ".join(f"{m} | {m} − {base}" for m in others) + " |"
-    md = [head, "|---" * (2 + 2 * len(others)) + "|"]
-    for i, t in enumerate(targets):
-        row = [f"{t:g}", t_cell([r[i] for r in read[base]])]
-        for m in others:
-            row.append(t_cell([r[i] for r in read[m]]))
-            k = cells.get((i, m))
-            if k is None:
-                row.append("-")
-                continue
-            mean, se, df = stats[k]
-            row.append(f"{mean:+.2f} {words[k][0]}")
-        md.append("| " + " | ".join(row) + " |")
-    return "\n".join(md) + "\n"
 
 
 def bestofk_cells(b):
@@ -338,7 +297,7 @@ def bestofk_table(rows, order):
     return "\n".join(lines) + "\n"
 
 
-def summarise(rows, order, base=DEFAULT_CONDITION, paired=("gold_mean", "kl"),
+def summarise(rows, order, base=DEFAULT_CONDITION, paired=("gold_mean", "kl", "proxy_mean"),
               columns=COLUMNS):
     """Markdown: mean [Student-t 95 % interval over seeds] per condition; then each condition minus
     `base` (or the suite's first condition), paired over seeds, every such comparison of the table

@@ -189,22 +189,3 @@ def test_a_column_without_a_margin_is_never_equivalent_and_leaves_the_equivalenc
 def test_a_seed_s_frontier_of_endpoints_is_linear_between_its_runs_ends_sorted_by_kl():
     points = [(4.0, 1.0), (1.0, 0.0), (2.0, 2.0)]
     assert tables.endpoint_frontier(points, [0.5, 1.0, 1.5, 3.0, 4.0, 5.0]) == [None, 0.0, 1.0, 1.5, 1.0, None]
-
-
-def test_the_equal_kl_table_reads_each_method_s_frontier_and_holds_one_family():
-    """Three methods of 8 seeds each, three settings a seed: one a whole unit above the base everywhere ("different"),
-    one the base's twin (its mean the base's, its spread far smaller than the margin: "equivalent"); a KL no run
-    reaches has no comparison; the cells are the frontiers' means."""
-    rng = np.random.default_rng(3)
-
-    def method(lift):
-        return {s: [(k, g + lift + rng.normal(0, 0.01)) for k, g in ((1, 0.5), (4, 1.0), (6, 1.2))]
-                for s in range(8)}
-    ppo = method(0.0)
-    # The twin: the base's own runs under other seeds' names, so its mean is the base's to the last digit.
-    twin = {s: ppo[(s + 1) % 8] for s in ppo}
-    md = tables.equal_kl_table({"ppo": ppo, "twin": twin, "dpo": method(1.0)}, "ppo", [2, 5, 7], margin=0.25)
-    rows = {line.split(" | ")[0][2:]: line.rstrip(" |").split(" | ") for line in md.splitlines()[2:]}
-    for kl in ("2", "5"):
-        assert rows[kl][3].endswith("equivalent") and rows[kl][5].endswith("different")
-    assert rows["2"][1].startswith("+0.67") and rows["7"][1:] == ["-"] * 5
