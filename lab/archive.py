@@ -72,7 +72,10 @@ def choose(found, base="", on=None):
     bases = sorted({base_of(rec) for runs in found.values() for _, rec in runs}, key=str)
     if base:
         bases = [b for b in bases if (b[0] or "").startswith(base)]
-        if len({b[0] for b in bases}) != 1:
+        if not bases:
+            raise RunError(f"--base={base}: no kept run's pretrained model has a hash that starts "
+                           "so")
+        if len({b[0] for b in bases}) > 1:
             raise RunError(f"--base={base}: {len({b[0] for b in bases})} pretrained models of the "
                            "archive match (give more of its hash)")
     if on is not None:

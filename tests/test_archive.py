@@ -63,8 +63,10 @@ def test_one_base_for_the_whole_table_and_what_it_lacks_named():
     assert base == ("aa11", "r") and set(chosen) == {"a", "b"} and missing == ["c", "d"]
     base, chosen, missing = archive.choose(found, "bb")
     assert base == ("bb22", "r") and chosen["a"][0] == "folder_bb22" and missing == ["b", "d"]
-    with pytest.raises(RunError):
+    with pytest.raises(RunError, match="give more of its hash"):
         archive.choose({"a": [rec("ab1"), rec("ab2")]}, "ab")
+    with pytest.raises(RunError, match="no kept run"):
+        archive.choose({"a": [rec("ab1")]}, "zz")
     assert archive.choose({"a": []}) == (None, {}, ["a"])
 
 
