@@ -7,8 +7,9 @@ One iteration of `train_ppo`, as in lm-human-preferences and TRL:
                    grpo, rloo: G responses per prompt
     2. experience  old log-probs from the actor (the rollout policy, never the reference),
                    reference log-probs, critic values, the score (reward model or gold) minus
-                   missing_eos_penalty without end-of-text, rewards r_t = -β·kl_t with the score
-                   at the last real token, GAE advantages (whitened; options/grpo.py's), returns
+                   missing_eos_penalty without end-of-text (and length_penalty per token),
+                   rewards r_t = -β·kl_t with the score at the last real token, GAE
+                   advantages (whitened; options/grpo.py's), returns
     3. update      ppo_epochs passes over minibatches, each cut to its longest response:
                    ratio = π_θ/π_θ_old
                    pg_losses = max(-A·ratio, -A·clip(ratio, 1-ε, 1+ε))
@@ -63,6 +64,8 @@ class PPOConfig:
     max_grad_norm: float = arg(1.0, ">0", "gradient clip, for the actor and the critic separately")
     missing_eos_penalty: float = arg(1.0, ">=0", "subtracted from the score of a response without "
                                      "end-of-text")
+    length_penalty: float = arg(0.0, ">=0", "subtracted from the score per response token "
+                                "(end-of-text included): a price on length")
     save_interval: int = arg(10, ">0", "iterations between resumable checkpoints")
     ptx_coef: float = arg(0.0, ">=0", "γ: weight of the pretraining LM loss (train.bin windows) in "
                           "the actor's loss")
@@ -179,6 +182,9 @@ def make_experience(actor, critic, ref, pen_ref, rm, query, query_mask, response
     # The reward model never saw text without end-of-text: such a response pays a penalty.
     truncated = ~(response == eos).any(1)  # (B,)
     penalty = cfg.missing_eos_penalty * truncated
+    # --length_penalty: a price per response token, which β = 0 runs pay in place of the KL's.
+    if cfg.length_penalty:
+        penalty = penalty + cfg.length_penalty * mask.sum(1)
     joined = join_tokens(query, query_mask, response, mask)
     scores = reward_score(rm, joined, eos) - penalty  # (B,)
     reward = scores

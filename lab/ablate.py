@@ -18,6 +18,8 @@ seeds each.
     python -m lab.ablate --suite=overopt     # is the penalty more than early stopping? 5 seeds,
                                              # 200 held-out samples after every iteration, best-of-n
                                              # -> out/ablate_overopt/ (overopt.md, .json, .png)
+    python -m lab.ablate --suite=controls    # its controls: β = 0 with a price on length or an
+                                             # entropy bonus -> out/ablate_overopt/controls.md
     python -m lab.ablate --fresh             # this command's runs again from the start
                                              # (never the main run: train.py's)
     python -m lab.ablate --kept=             # no kept runs taken or kept (default: lab/runs)
@@ -67,7 +69,9 @@ stopped at budgets of 1-6 nats; fixed β, the adaptive controller and the mechan
 penalty per sequence, λ = 1, RLOO) for 240 iterations, evaluated every 4th; the key pair on other
 proxies and two more pretrained models. It adds best-of-n by the proxy on each reward model's
 pretrained model, and tables.overopt_tables reads the trajectories as frontiers, pairs each
-penalty with its own β = 0 run, and fits Gao et al. 2022's forms (overopt.py).
+penalty with its own β = 0 run, and fits Gao et al. 2022's forms (overopt.py). The controls
+suite, read the same way, asks what the penalty's lead is made of: β = 0 runs that pay for length
+(--length_penalty) or are paid for entropy (--ent_coef) beside the default penalty.
 Its statistics (Student-t intervals, paired differences), tables and plots are in tables.py.
 Left out: hyper-parameter search per condition; conditions are compared at one shared budget.
 """
@@ -108,6 +112,8 @@ STOP_KLS = (1, 2, 3, 4, 6)
 LONG_ITERS, PENALISED_EVERY = 240, 4
 LONG = [f"--ppo_iters={LONG_ITERS}", f"--eval_every={PENALISED_EVERY}"]
 LONG_BETAS = ("0.01", "0.03", "0.1", "0.3", "1")
+# The early-stopping controls' coefficients (fixed before their runs).
+CONTROL_LENGTH, CONTROL_ENTROPY = ("0.01", "0.05"), ("0.01", "0.1")
 # condition -> train.py flags. A condition in SAME_AS has the same flags as another and reuses its
 # runs.
 CONDITIONS = {
@@ -189,6 +195,12 @@ CONDITIONS = {
     "free_lam1": NO_KL + ["--lam=1"],
     "long_rloo_0.1": ["--advantage=rloo", "--kl_ctl=fixed", "--init_kl_coef=0.1"],
     "free_rloo": NO_KL + ["--advantage=rloo"],
+    # The controls of what the KL is spent on: β = 0 with a price on length (per token: 20
+    # tokens, the unpenalised actor's excess length, cost 0.2 and 1.0, about and twice what the
+    # default penalty pays per response at its final KL) and with an entropy bonus (a per-token
+    # KL at β holds -β·H: the penalised arms' βs 0.01 and 0.1).
+    **{f"free_len_{c}": NO_KL + [f"--length_penalty={c}"] for c in CONTROL_LENGTH},
+    **{f"free_ent_{c}": NO_KL + [f"--ent_coef={c}"] for c in CONTROL_ENTROPY},
     # The key pair (the adaptive controller and its β = 0 run) on other proxies and two more
     # pretrained models (BASES says which).
     **{f"{arm}_{b}": flags for arm, flags in (("long_adaptive", []), ("free", NO_KL))
@@ -237,12 +249,19 @@ SUITES = {
                 "long_adaptive", *(f"long_{b}" for b in LONG_BETAS), "long_seq_0.1",
                 "long_seq_0.1_lam1", "long_0.1_lam1", "free_lam1", "long_rloo_0.1", "free_rloo",
                 *(f"{arm}_{b}" for b in BASE_OF for arm in ("long_adaptive", "free"))],
+    # β = 0 with the controls beside the default penalty and its β = 0 run, at the overopt
+    # budget, kept with the overopt suite's runs.
+    "controls": ["long_adaptive", "free", *(f"free_len_{c}" for c in CONTROL_LENGTH),
+                 *(f"free_ent_{c}" for c in CONTROL_ENTROPY)],
     # The main model's conditions first, then each other model's.
     "models": [*MODEL_CONDITIONS, *(f"{c}_{m}" for m in MODELS for c in MODEL_CONDITIONS)],
 }
 # A suite's own budget, before the user's flags: overopt evaluates on 200 held-out samples after
 # every iteration (its penalised runs every PENALISED_EVERY).
 SUITE_FLAGS = {"overopt": [f"--ppo_iters={LONG_ITERS}", "--eval_every=1", "--eval_n=200"]}
+# The suites read as the overopt suite is (its budget, folder and tables).
+OVEROPT = ("overopt", "controls")
+SUITE_FLAGS["controls"] = SUITE_FLAGS["overopt"]
 # A suite with its own budget (SUITE_FLAGS) is not part of `all`.
 SUITES["all"] = list(dict.fromkeys(c for name, suite in SUITES.items() for c in suite
                                    if name not in SUITE_FLAGS))
@@ -287,6 +306,8 @@ def parse(argv):
     # of out/ablate
     # A suite with its own budget (SUITE_FLAGS) likewise runs in out/ablate_SUITE.
     own = f"ablate_{opts['suite']}" if opts["suite"] in SUITE_FLAGS else "ablate"
+    if opts["suite"] in OVEROPT:
+        own = "ablate_overopt"
     if not any(a.startswith("--subdir=") for a in argv):
         opts["subdir"] = own + "_quick" if opts["quick"] else own
     if not opts["subdir"] or os.sep in opts["subdir"] or opts["subdir"].startswith("."):
@@ -305,7 +326,7 @@ def parse(argv):
     if cfg.run.seed + opts["seeds"] > 2 ** 31:
         die(f"--seed={cfg.run.seed} with --seeds={opts['seeds']}: a run's seed would be >= 2^31")
     # The overopt tables fit each run's evaluations: a suite without any would fit nothing.
-    if opts["suite"] == "overopt" and not cfg.eval.eval_every:
+    if opts["suite"] in OVEROPT and not cfg.eval.eval_every:
         die("--suite=overopt fits each run's held-out evaluations: --eval_every=0 gives it none "
             "(leave it out: the suite evaluates after every iteration)")
     for d in (cfg.run.out_dir, os.path.join(cfg.run.out_dir, opts["subdir"])):
@@ -614,23 +635,27 @@ def overopt_plan(order):
     # The default penalty also against the slower β = 0 runs (their frontier is higher).
     also = [("long_adaptive", f"free{lr}") for lr in FREE_LRS if lr and "long_adaptive" in order
             and f"free{lr}" in order]
+    # The default penalty against the controls (β = 0 with a price on length or an entropy bonus).
+    controls = [("long_adaptive", c) for c in order if c.startswith(("free_len_", "free_ent_"))
+                and "long_adaptive" in order]
     # The key pair on the other proxies, the main one first (overopt_report adds each reward
     # model's accuracy).
     proxies = {"main": dict(pair="long_adaptive - free", about="the main run's")}
     proxies.update({b: dict(pair=f"long_adaptive_{b} - free_{b}", about=" ".join(BASE_OF[b][1]))
                     for b in BASE_OF if not b.startswith("model")})
     return dict(free=frees, stops={f"stop_{k:g}": k for k in STOP_KLS if f"stop_{k:g}" in order},
-                stop_of="free", penalised=pens, own_free=own, also=also, models=models,
+                stop_of="free", penalised=pens, own_free=own, also=also + controls,
+                controls=controls, models=models,
                 betas=[f"long_{b}" for b in LONG_BETAS if f"long_{b}" in order],
                 proxies=proxies)
 
 
-def overopt_report(cfg, rest, base, adir, order, rows, run_dir, pool, made):
-    """--suite=overopt: best-of-n on each base's pretrained model (pool: (pools, prompts per pool,
-    samples per prompt)), each run's evaluation trajectory from its metrics.jsonl (gains over the
-    pretrained model evaluated on the same stream), the tables (tables.overopt_tables) into
-    overopt.md and overopt.json, and overopt.png. made: made_by's (stamp, line). Returns the
-    markdown."""
+def overopt_report(cfg, rest, base, adir, order, rows, run_dir, pool, made, stem="overopt"):
+    """--suite=overopt (and controls): best-of-n on each base's pretrained model (pool: (pools,
+    prompts per pool, samples per prompt)), each run's evaluation trajectory from its
+    metrics.jsonl (gains over the pretrained model evaluated on the same stream), the tables
+    (tables.overopt_tables) into STEM.md and STEM.json, and STEM.png (stem: the suite's name).
+    made: made_by's (stamp, line). Returns the markdown."""
     bases = {"main": base}
     bases.update({BASES[c][0]: os.path.join(adir, "bases", BASES[c][0]) for c in order
                   if c in BASES})
@@ -677,7 +702,7 @@ def overopt_report(cfg, rest, base, adir, order, rows, run_dir, pool, made):
     md = f"# ablate.py {' '.join(sys.argv[1:])}\n\n{md}\n{made[1]}\n"
     res["trajectories"] = {c: {str(s): t for s, t in v.items()} for c, v in trajs.items()}
     res["made_by"] = made[0]
-    store.save_json(os.path.join(adir, "overopt.json"), res)
+    store.save_json(os.path.join(adir, f"{stem}.json"), res)
     curves = {}
     for name, r in bon.items():
         c = r["all"]
@@ -692,8 +717,8 @@ def overopt_report(cfg, rest, base, adir, order, rows, run_dir, pool, made):
         d = np.sqrt(np.maximum(mean["kl"], 0))
         curves[cond] = dict(d=d, gold=mean["gold"], proxy=mean["proxy"], form="rl",
                             fit=overopt.fit(d, mean["gold"], "rl"))
-    overopt.plot(curves, os.path.join(adir, "overopt.png"))
-    store.write_text(os.path.join(adir, "overopt.md"), md)
+    overopt.plot(curves, os.path.join(adir, f"{stem}.png"))
+    store.write_text(os.path.join(adir, f"{stem}.md"), md)
     return md
 
 
@@ -933,15 +958,15 @@ def ablate(opts, rest):
         table, body, rows = report(opts, cfg, rows, order, adir, run_dir, stamp_line[1],
                                    len(jobs))
         # The overopt tables, also of some of its conditions (--conditions: overopt.md only).
-        if opts["suite"] == "overopt":
+        if opts["suite"] in OVEROPT:
             # Best-of-n: up to 48 held-out prompts (as many as there are) dealt into 4 pools, 256
             # samples each (--quick: 2 pools of 2 prompts x 32).
             pool = (2, 2, 32) if opts["quick"] else (4, 12, 256)
             # The line that says what made it comes once, after the overopt tables.
             overopt_md = body + "\n" + overopt_report(cfg, rest, base, adir, order, rows,
-                                                       run_dir, pool, stamp_line)
+                                                       run_dir, pool, stamp_line, opts["suite"])
             if not opts["user_conditions"]:
-                store.write_text(os.path.join(adir, "results_overopt.md"), overopt_md)
+                store.write_text(os.path.join(adir, f"results_{opts['suite']}.md"), overopt_md)
         # Another base has its own world and tokenizer.
         write_examples(cfg, base, adir, ["pretrained"] + [c for c in order if c not in BASES],
                        seed0, stamp_line[1])

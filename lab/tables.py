@@ -947,7 +947,7 @@ def overopt_tables(bon, trajs, rows, plan):
     lines += stop_section(trajs, rows, plan["stops"], plan["stop_of"], res)
     lines += penalised_section(trajs, pens, frees, res)
     lines += pair_section(trajs, list(plan["own_free"].items()) + plan["also"], res)
-    lines += bought_section(trajs, list(plan["own_free"].items()), res)
+    lines += bought_section(trajs, list(plan["own_free"].items()) + plan.get("controls", []), res)
     lines += models_section(res, plan["models"])
     lines += proxies_section(res, plan.get("proxies", {}))
     lines += fits_section(trajs, frees, betas, bon, res)

@@ -95,9 +95,10 @@ def slow_row(model, prompt, response, T):
     return F.log_softmax(logits, -1).gather(1, torch.tensor(response)[:, None])[:, 0]
 
 
-def slow_experience(actor, ref, critic, rm, prompts, resp, beta, gamma, lam, penalty, T, placement="token"):
+def slow_experience(actor, ref, critic, rm, prompts, resp, beta, gamma, lam, penalty, T, placement="token",
+                    length=0.0):
     """make_experience, the slow way: every row alone, GAE as an explicit sum, whitening over all real tokens;
-    placement sequence: the summed penalty at the last token alone."""
+    placement sequence: the summed penalty at the last token alone; length: a price per real token."""
     rows = []
     for p, r in zip(prompts, resp.tolist()):
         n = r.index(EOS) + 1 if EOS in r else len(r)               # real tokens, end-of-text included
@@ -106,7 +107,7 @@ def slow_experience(actor, ref, critic, rm, prompts, resp, beta, gamma, lam, pen
             lp, lp_ref = slow_row(actor, p, r, T), slow_row(ref.model, p, r, T)
             seq = torch.tensor([p + r])
             values = critic(seq)[0, len(p) - 1:-1]
-            score = rm(seq)[0, -1].item() - (penalty if EOS not in r else 0.0)
+            score = rm(seq)[0, -1].item() - (penalty if EOS not in r else 0.0) - length * n
         rewards = -beta * (lp - lp_ref)
         if placement == "sequence":
             rewards = torch.zeros(n)
@@ -123,15 +124,19 @@ def slow_experience(actor, ref, critic, rm, prompts, resp, beta, gamma, lam, pen
     return rows
 
 
-@pytest.mark.parametrize("gamma, lam, T, placement", [(0.9, 0.8, 0.7, "token"), (1.0, 0.95, 1.0, "token"),
-                                                      (0.9, 0.8, 0.7, "sequence"), (1.0, 1.0, 0.7, "sequence")])
-def test_make_experience_equals_a_slow_per_row_computation(gamma, lam, T, placement):
+@pytest.mark.parametrize("gamma, lam, T, placement, length", [(0.9, 0.8, 0.7, "token", 0.0),
+                                                              (1.0, 0.95, 1.0, "token", 0.0),
+                                                              (0.9, 0.8, 0.7, "sequence", 0.0),
+                                                              (1.0, 1.0, 0.7, "sequence", 0.0),
+                                                              (0.9, 0.8, 0.7, "token", 0.05)])
+def test_make_experience_equals_a_slow_per_row_computation(gamma, lam, T, placement, length):
     actor, ref, critic, rm, prompts, q, qm, resp = tiny()
     beta, penalty = 0.3, 0.7
-    cfg = ppo.PPOConfig(gamma=gamma, lam=lam, missing_eos_penalty=penalty)
+    cfg = ppo.PPOConfig(gamma=gamma, lam=lam, missing_eos_penalty=penalty, length_penalty=length)
     kl_cfg = KLConfig(kl_placement=placement)
     batch, info = ppo.make_experience(actor, critic, ref, ref, rm, q, qm, resp, EOS, beta, kl_cfg, cfg, T)
-    slow = slow_experience(actor, ref, critic, rm, prompts, resp, beta, gamma, lam, penalty, T, placement)
+    slow = slow_experience(actor, ref, critic, rm, prompts, resp, beta, gamma, lam, penalty, T, placement,
+                           length)
     close = lambda a, b: torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
     assert [int(m.sum()) for m in batch["mask"]] == [r["n"] for r in slow] == [5, 10, *[r["n"] for r in slow[2:]]]
     for b, r in enumerate(slow):
