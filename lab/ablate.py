@@ -650,53 +650,103 @@ def overopt_plan(order):
                 proxies=proxies)
 
 
-def overopt_report(cfg, rest, base, adir, order, rows, run_dir, pool, made, stem="overopt"):
-    """--suite=overopt (and controls): best-of-n on each base's pretrained model (pool: (pools,
-    prompts per pool, samples per prompt)), each run's evaluation trajectory from its
-    metrics.jsonl (gains over the pretrained model evaluated on the same stream), the tables
-    (tables.overopt_tables) into STEM.md and STEM.json, and STEM.png (stem: the suite's name).
-    made: made_by's (stamp, line). Returns the markdown."""
-    bases = {"main": base}
-    bases.update({BASES[c][0]: os.path.join(adir, "bases", BASES[c][0]) for c in order
-                  if c in BASES})
-    pools, per_pool, n = pool
-    ns = [2 ** i for i in range(int(math.log2(n)) + 1)]
-    bon = {}
-    for name, b in bases.items():
-        if name.startswith("model"):
-            continue
+def bon_sizes(opts):
+    """Best-of-n's pool: up to 48 held-out prompts (as many as there are) dealt into 4 pools, 256
+    samples each (--quick: 2 pools of 2 prompts x 32)."""
+    return (2, 2, 32) if opts["quick"] else (4, 12, 256)
+
+
+def overopt_groups(order):
+    """The bases the overopt tables read, by group (group_of's: "main", or a BASES folder's
+    name), the main one first."""
+    return ["main"] + list(dict.fromkeys(BASES[c][0] for c in order if c in BASES))
+
+
+def overopt_config(cfg, seeds, pool, group):
+    """What the overopt tables' kept evaluations of one base's pretrained model depend on besides
+    the base (archive's)."""
+    ev = cfg.eval
+    return archive.pretrained_config(cfg, seeds, dict(
+        tables="overopt", group=group, pool=list(pool), bestofk_n=ev.bestofk_n,
+        pass_gold=ev.pass_gold, pass_gold_hard=ev.pass_gold_hard))
+
+
+def overopt_pretrained(cfg, rest, b, group, seeds, pool, row_seeds):
+    """What the overopt tables read of the pretrained model in base folder b (group: its
+    group's name): its evaluation on each seed's held-out stream, where each run's gains start
+    ("starts"); best-of-n's curves over pool (pools, prompts per pool, samples per prompt), none
+    for another pretrained model ("bon"); its final evaluation's rows for row_seeds ("rows", the
+    seeds whose pretrained row is not kept otherwise); its reward model's accuracy as the reward
+    stage measured it ("reward"). JSON, keyed by seed as text."""
+    flags = next((f for name, f in BASE_OF.values() if name == group), [])
+    out = dict(starts={}, bon=None, rows={}, reward=None)
+    for seed in seeds:
+        scfg = train.parse(override(override(rest, flags), [f"--seed={seed}", f"--out_dir={b}"]))
+        enc = tokenizer.load_tokenizer(b, scfg.world.tokenizer)
+        actor, ref, rm = stages.load_models(b, scfg.run.device)
+        heldout = data.load_prompts(b)["heldout"]
+        with autocast(scfg.run.device, scfg.run.dtype):
+            out["starts"][str(seed)] = during_ppo(actor, enc, heldout, scfg.run, ref, rm,
+                                                  scfg.eval)
+    if not group.startswith("model"):
+        pools, per_pool, n = pool
+        ns = [2 ** i for i in range(int(math.log2(n)) + 1)]
         samples = bon_pool(cfg, b, pools * per_pool, n)
         prompts = list(samples)
-        groups = [{p: samples[p] for p in prompts[i::pools]} for i in range(pools)]
-        bon[name] = dict(pools=[overopt.bon_curve(g, ns) for g in groups],
-                         all=overopt.bon_curve(samples, ns))
-    trajs, starts = {}, {}
+        parts = [{p: samples[p] for p in prompts[i::pools]} for i in range(pools)]
+        out["bon"] = dict(pools=[overopt.bon_curve(g, ns) for g in parts],
+                          all=overopt.bon_curve(samples, ns))
+    out["rows"] = {str(s): baseline_row(cfg, b, s) for s in row_seeds}
+    if os.path.exists(os.path.join(b, "reward.json")):
+        stats = store.load_json(os.path.join(b, "reward.json"))
+        out["reward"] = {k: stats[k] for k in ("acc_noisy", "acc_gold", "n_val")}
+    return out
+
+
+def overopt_inputs(opts, cfg, rest, base, adir, order, rows, pool):
+    """overopt_pretrained for each base of the suite (overopt_groups), each kept under --kept's
+    SUBDIR/pretrained with its base's input hashes, so --tables_only rebuilds the tables without
+    the bases. Returns {group: what overopt_pretrained returns}."""
+    seeds = sorted({r["seed"] for r in rows if not r["condition"].startswith("pretrained")})
+    # The main model's pretrained row of the first seed is kept with the others' (pretrained_rows).
+    have = {r["seed"] for r in rows if r["condition"] == "pretrained"}
+    out = {}
+    for g in overopt_groups(order):
+        started = time.time()
+        b = base if g == "main" else os.path.join(adir, "bases", g)
+        row_seeds = [s for s in seeds if s not in have] if g == "main" else []
+        out[g] = overopt_pretrained(cfg, rest, b, g, seeds, pool, row_seeds)
+        if opts["kept"]:
+            pcfg = train.parse(override(rest, ["--stage=ppo", f"--out_dir={b}"]))
+            inputs = stages.stamp(pcfg, stages.BY_NAME["ppo"])["inputs"]
+            archive.keep_pretrained(os.path.join(opts["kept"], opts["subdir"], "pretrained"),
+                                    overopt_config(cfg, seeds, pool, g), inputs, out[g],
+                                    time.time() - started, cfg.run.device)
+    return out
+
+
+def overopt_report(pre, adir, order, rows, run_dir, made, stem="overopt"):
+    """--suite=overopt (and controls): each run's evaluation trajectory from its metrics.jsonl
+    (gains over its base's pretrained model evaluated on the same stream: pre, overopt_inputs'),
+    best-of-n from pre, the tables (tables.overopt_tables) into STEM.md and STEM.json, and
+    STEM.png (stem: the suite's name). made: made_by's (stamp, line). Returns the markdown."""
+    bon = {g: p["bon"] for g, p in pre.items() if p["bon"] is not None}
+    trajs = {}
     for cond in (c for c in order if c != "pretrained"):
-        b = bases[BASES[cond][0]] if cond in BASES else base
+        start = pre[BASES[cond][0] if cond in BASES else "main"]["starts"]
         for r in (r for r in rows if r["condition"] == cond):
-            key = (b, r["seed"])
-            if key not in starts:
-                own = [f"--seed={r['seed']}", f"--out_dir={b}"]
-                scfg = train.parse(override(override(rest, base_flags(cond)), own))
-                enc = tokenizer.load_tokenizer(b, scfg.world.tokenizer)
-                actor, ref, rm = stages.load_models(b, scfg.run.device)
-                heldout = data.load_prompts(b)["heldout"]
-                with autocast(scfg.run.device, scfg.run.dtype):
-                    starts[key] = during_ppo(actor, enc, heldout, scfg.run, ref, rm, scfg.eval)
             metrics = store.load_json(os.path.join(run_dir(cond, r["seed"]), "metrics.jsonl"),
                                       lines=True)
-            trajs.setdefault(cond, {})[r["seed"]] = overopt.trajectory(metrics, starts[key])
+            trajs.setdefault(cond, {})[r["seed"]] = overopt.trajectory(metrics,
+                                                                       start[str(r["seed"])])
     # The pretrained model's final evaluation on each seed's stream, as each run's is scored.
-    seeds = sorted({r["seed"] for r in rows} - {r["seed"] for r in rows
-                                                if r["condition"] == "pretrained"})
-    rows = rows + [baseline_row(cfg, base, s) for s in seeds]
+    rows = rows + [dict(row, seed=int(s)) for s, row in pre["main"]["rows"].items()]
     plan = overopt_plan(order)
     # Each proxy's reward model, as its reward stage measured it on its held-out pairs.
     for b, p in plan["proxies"].items():
-        folder_of = base if b == "main" else os.path.join(adir, "bases", BASE_OF[b][0])
-        if os.path.exists(os.path.join(folder_of, "reward.json")):
-            stats = store.load_json(os.path.join(folder_of, "reward.json"))
-            p.update({k: stats[k] for k in ("acc_noisy", "acc_gold", "n_val")})
+        stats = pre.get("main" if b == "main" else BASE_OF[b][0], {}).get("reward")
+        if stats:
+            p.update(stats)
     plan["proxies"] = {b: p for b, p in plan["proxies"].items() if "acc_gold" in p}
     md, res = overopt_tables(bon, trajs, rows, plan)
     md = f"# ablate.py {' '.join(sys.argv[1:])}\n\n{md}\n{made[1]}\n"
@@ -959,12 +1009,11 @@ def ablate(opts, rest):
                                    len(jobs))
         # The overopt tables, also of some of its conditions (--conditions: overopt.md only).
         if opts["suite"] in OVEROPT:
-            # Best-of-n: up to 48 held-out prompts (as many as there are) dealt into 4 pools, 256
-            # samples each (--quick: 2 pools of 2 prompts x 32).
-            pool = (2, 2, 32) if opts["quick"] else (4, 12, 256)
+            pool = bon_sizes(opts)
             # The line that says what made it comes once, after the overopt tables.
-            overopt_md = body + "\n" + overopt_report(cfg, rest, base, adir, order, rows,
-                                                       run_dir, pool, stamp_line, opts["suite"])
+            pre = overopt_inputs(opts, cfg, rest, base, adir, order, rows, pool)
+            overopt_md = body + "\n" + overopt_report(pre, adir, order, rows, run_dir,
+                                                       stamp_line, opts["suite"])
             if not opts["user_conditions"]:
                 store.write_text(os.path.join(adir, f"results_{opts['suite']}.md"), overopt_md)
         # Another base has its own world and tokenizer.
@@ -983,11 +1032,8 @@ def tables_only(opts, rest):
     --kept) and the pretrained models' kept rows alone, on any CPU, without training (archive.py
     says which kept run stands for which; one base per pretrained model: --base names the main
     one's where the archive holds several); the figures also into docs/figures/SUITE_NAME.png.
-    What the archive lacks is named, and nothing written. Not the overopt suite's tables yet
-    (their pretrained evaluations are not kept)."""
-    if opts["suite"] == "overopt":
-        raise RunError("--tables_only does not rebuild the overopt suite's tables: the pretrained "
-                       "model's evaluations they read are not kept")
+    What the archive lacks is named, and nothing written. The overopt suites (OVEROPT) also read
+    each base's kept evaluations for their own tables (overopt_inputs')."""
     started = time.time()
     threads = 1 if opts["jobs"] > 1 else 0
     # The runs' configs hold the threads they ran with.
@@ -1018,6 +1064,17 @@ def tables_only(opts, rest):
             lacks.append(f"{name} (the pretrained model's row)")
         else:
             pre.append(dict(kept["values"]["row"], condition=name))
+    overopt_pre = {}
+    for g in (overopt_groups(order) if opts["suite"] in OVEROPT else []):
+        kept = None
+        if bases.get(g):
+            kept = archive.kept_pretrained(
+                os.path.join(opts["kept"], opts["subdir"], "pretrained"),
+                overopt_config(cfg, list(seeds), bon_sizes(opts), g), base=bases[g])
+        if kept is None:
+            lacks.append(f"{g} (the pretrained model's evaluations for the overopt tables)")
+        else:
+            overopt_pre[g] = kept["values"]
     if lacks:
         raise archive.lacking(os.path.join(opts["kept"], opts["subdir"]), lacks, len(found))
     # In the order the suite runs them.
@@ -1033,10 +1090,16 @@ def tables_only(opts, rest):
     adir = os.path.join(cfg.run.out_dir, opts["subdir"])
     os.makedirs(adir, exist_ok=True)
     stamp_line = made_by(started, rows, opts["jobs"], threads, cfg.run.device)
-    table = report(opts, cfg, rows, order, adir, run_dir, stamp_line[1], len(found))[0]
+    table, body, rows = report(opts, cfg, rows, order, adir, run_dir, stamp_line[1], len(found))
+    names = ["scores.png", "frontier.png", "beta.png", "bestofk.png"]
+    if opts["suite"] in OVEROPT:
+        overopt_md = body + "\n" + overopt_report(overopt_pre, adir, order, rows, run_dir,
+                                                   stamp_line, opts["suite"])
+        names.append(f"{opts['suite']}.png")
+        if not opts["user_conditions"]:
+            store.write_text(os.path.join(adir, f"results_{opts['suite']}.md"), overopt_md)
     # The figures, also where the documents show them: a whole suite's only (a few of its
     # conditions would replace its figures).
-    names = ["scores.png", "frontier.png", "beta.png", "bestofk.png"]
     for name in ([] if opts["user_conditions"] else names):
         png = os.path.join(adir, name)
         if os.path.exists(png) and os.path.getmtime(png) >= started:

@@ -4,7 +4,7 @@ log n - (n - 1)/n formula as its no-tie limit and an upper bound with ties, the 
 their peaks against a grid; and, through the PPO stage's own code on the smoke run, --eval_every (the training
 numbers of a run without it, bit for bit) and --stop_kl (the run ends with the actor that made the last rollout
 under the limit, also after a kill)."""
-import itertools, math, os
+import itertools, math, os, shutil
 import numpy as np
 import pytest
 import torch
@@ -346,14 +346,18 @@ def test_one_text_scored_twice_is_one_outcome_in_the_pool():
     assert merged["repeats"] == 1
 
 
-def test_the_overopt_suite_on_some_of_its_conditions_writes_its_tables_from_each_runs_evaluations(run):
+def test_the_overopt_suite_on_some_of_its_conditions_writes_its_tables_from_each_runs_evaluations(
+        run, tmp_path, capsys):
     """Through ablate.py on the smoke run: the β = 0 run evaluated after every iteration, the stop and
     the penalised run beside it, and overopt.md / overopt.json read from their metrics; the key pair on a
-    1-block reward model too, beside its reward model's accuracy as its own reward stage measured it."""
+    1-block reward model too, beside its reward model's accuracy as its own reward stage measured it. Then the
+    same tables from the kept runs and kept evaluations alone, in a folder without any base; and what the
+    archive lacks named."""
     from lab import ablate
-    ablate.main(["--preset=smoke", f"--out_dir={run}", "--suite=overopt", "--quick", "--ppo_iters=3",
-                 "--eval_every=1", "--eval_n=8", "--n_eval=8", "--jobs=1", "--subdir=overopt_t",
-                 "--conditions=free,stop_1,long_adaptive,long_adaptive_rm1,free_rm1"])
+    argv = ["--preset=smoke", "--suite=overopt", "--quick", "--ppo_iters=3", "--eval_every=1", "--eval_n=8",
+            "--n_eval=8", "--jobs=1", "--subdir=overopt_t", f"--kept={tmp_path / 'kept'}",
+            "--conditions=free,stop_1,long_adaptive,long_adaptive_rm1,free_rm1"]
+    ablate.main(argv + [f"--out_dir={run}"])
     adir = os.path.join(run, "overopt_t")
     res = store.load_json(os.path.join(adir, "overopt.json"))
     free = next(iter(res["trajectories"]["free"].values()))
@@ -373,6 +377,25 @@ def test_the_overopt_suite_on_some_of_its_conditions_writes_its_tables_from_each
     assert proxies["rm1"]["about"] == "--rm_layers=1" and proxies["rm1"]["n_val"] == rm1["n_val"]
     assert proxies["rm1"]["d_frontier"] == res["pairs"]["long_adaptive_rm1 - free_rm1"]["d_frontier"]
     assert "## The key pair on proxies of other quality" in md and "| rm1 | --rm_layers=1 |" in md
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    ablate.main(argv + [f"--out_dir={bare}", "--tables_only"])
+    again = open(bare / "overopt_t" / "overopt.md").read()
+    assert again.split("\nMade by")[0] == md.split("\nMade by")[0]
+    res2 = store.load_json(str(bare / "overopt_t" / "overopt.json"))
+    assert {k: v for k, v in res2.items() if k != "made_by"} == {k: v for k, v in res.items() if k != "made_by"}
+    # The 1-block reward model's kept evaluations gone: named, nothing written.
+    os.remove(bare / "overopt_t" / "overopt.md")
+    pre = tmp_path / "kept" / "overopt_t" / "pretrained"
+    for d in os.listdir(pre):
+        if '"group": "rm_layers1"' in open(pre / d / "pretrained.json").read():
+            shutil.rmtree(pre / d)
+    with pytest.raises(SystemExit) as e:
+        ablate.main(argv + [f"--out_dir={bare}", "--tables_only"])
+    err = capsys.readouterr().err
+    assert e.value.code != 0 and len(err.strip().splitlines()) == 1
+    assert "lacks rm_layers1 (the pretrained model's evaluations for the overopt tables)" in err
+    assert not (bare / "overopt_t" / "overopt.md").exists()
 
 
 def test_a_fit_keeps_alpha_and_beta_to_what_they_mean_and_a_peak_to_the_data():
