@@ -28,6 +28,9 @@ seeds each.
                                              # CPU, without training (--base=HASH: the pretrained
                                              # model's, where the archive holds several; the
                                              # figures also into docs/figures/)
+    python -m lab.ablate --tables_only --check
+                                             # every suite's tables rebuilt so, and each table the
+                                             # answers quote compared with them (lab/check.py)
 
 results.md gives each column's mean with a Student-t 95 % interval over seeds, then each condition
 minus `adaptive` (or the suite's first condition) paired over seeds, each comparison of the table
@@ -93,7 +96,7 @@ from options.evaluate import best_of_k, during_ppo, evaluate_policy, sample_text
 from pipeline.report import plot_bestofk
 from machinery.precision import autocast
 from ref import load_checkpoint
-from lab import archive, overopt
+from lab import archive, check, overopt
 from lab.tables import (DEFAULT_CONDITION, beta_table, bestofk_cells, bestofk_curves, bestofk_table,
                         models_table, overopt_tables, plot, ref_table, summarise,
                         verifiable_columns)
@@ -277,14 +280,14 @@ def parse(argv):
         print(__doc__)
         sys.exit(0)
     opts = dict(quick=False, seeds=5, conditions="", suite="core", jobs=2, subdir="ablate",
-                kept=KEPT_DIR, tables_only=False, base="")
+                kept=KEPT_DIR, tables_only=False, base="", check=False)
     check_once(argv)
     user = []
     for a in argv:
         name, _, value = a[2:].partition("=")
         if a.startswith("--") and name in opts:
             try:
-                yes_no = name in ("quick", "tables_only")
+                yes_no = name in ("quick", "tables_only", "check")
                 opts[name] = BOOLS[value.lower()] if yes_no else type(opts[name])(value)
             except (KeyError, ValueError):
                 die(f"bad value for --{name}: {value!r}")
@@ -342,6 +345,8 @@ def parse(argv):
                 die(f"--kept={opts['kept']}: {d} {store.not_a_folder(d)}")
     if opts["tables_only"] and not opts["kept"]:
         die("--tables_only reads the kept runs: name their folder with --kept=FOLDER")
+    if opts["check"] and not opts["tables_only"]:
+        die("--check compares the tables rebuilt from the kept runs: it goes with --tables_only")
     if opts["base"] and not opts["tables_only"]:
         die("--base chooses among the kept runs' pretrained models: it goes with --tables_only")
     return opts, rest
@@ -1113,7 +1118,13 @@ def tables_only(opts, rest):
 def main(argv):
     opts, rest = parse(argv)
     try:
-        if opts["tables_only"]:
+        if opts["check"]:
+            lines, ok = check.check(opts["kept"])
+            print("\n".join(lines))
+            if not ok:
+                die("--check: the answers' tables and the archive's differ, or the archive "
+                    "cannot rebuild some (listed above)", 1)
+        elif opts["tables_only"]:
             tables_only(opts, rest)
         else:
             ablate(opts, rest)

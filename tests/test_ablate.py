@@ -623,6 +623,36 @@ def test_a_kept_run_stands_in_for_a_run_a_fresh_checkout_lacks(run, tmp_path, mo
     monkeypatch.setitem(ablate.SUITES, "core", list(conds))
     ablate.main([a for a in only if not a.startswith("--conditions=")])
     assert (tmp_path / "figures" / "ablate_kept_core_scores.png").stat().st_size > 0
+    # --check: the tables an answer quotes, against the same command's tables from the archive; one cell
+    # changed in the answer is named (file, table, row, column) and the command exits 1.
+    from lab import check
+    docs = tmp_path / "docs"
+    (docs / "answers").mkdir(parents=True)
+    (docs / "ANSWER.md").write_text("# index\n")
+    quoted = table.split("\nMade by")[0]
+    (docs / "answers" / "a.md").write_text("Some prose.\n\n" + quoted)
+
+    def in_process(command, out_dir, kept_dir):
+        try:
+            ablate.main(check.argv_of(command, out_dir, kept_dir)[1:])
+        except SystemExit as e:
+            return f"exit {e.code}"
+        return None
+    monkeypatch.setattr(check, "ROOT", str(docs))
+    monkeypatch.setattr(check, "as_a_user", in_process)
+    monkeypatch.setattr(check, "COMMANDS", [["lab.ablate", *(a for a in argv if not a.startswith(
+        ("--out_dir=", "--kept=")))]])
+    ablate.main(only + ["--check"])
+    assert "0 differences" in capsys.readouterr().out
+    row = next(line for line in quoted.splitlines() if line.startswith("| fixed_0.5 |"))
+    head = next(h for _, h, rows in check.tables(quoted) if check.cells(row) in rows)
+    first = row.split(" | ")[2]
+    (docs / "answers" / "a.md").write_text(quoted.replace(row, row.replace(first, first + "1", 1)))
+    with pytest.raises(SystemExit) as e:
+        ablate.main(only + ["--check"])
+    out = capsys.readouterr().out
+    assert e.value.code == 1 and "answers/a.md, the table at line" in out
+    assert f"row 'fixed_0.5', column '{head[2]}': the text has '{first}1'" in out
     path = kept_file("no_kl", "metrics.jsonl")
     with open(path, "a") as f:
         f.write(" ")                                                    # a kept file changed: redone
