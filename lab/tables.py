@@ -193,6 +193,27 @@ def margins_line(cols, margins, size):
     return line + "."
 
 
+def seeds_for(sd, half, most=1000):
+    """The rule for a table's n, from spread alone: the fewest seeds n (>= 2) whose Student-t 95 %
+    half-width t·sd/√n is at most `half` (half the margin) for a pilot's standard deviation sd;
+    None past `most`."""
+    for n in range(2, most + 1):
+        if t_quantile(0.975, n - 1) * sd / math.sqrt(n) <= half:
+            return n
+    return None
+
+
+def spread_line(sds, margin, n):
+    """The sentence under a table that says how many seeds its spread asks for (seeds_for at half
+    the gold margin, from the median of its comparisons' standard deviations) beside its own n."""
+    sd = float(np.median(sds))
+    want = seeds_for(sd, margin / 2)
+    need = f"n = {want}" if want else "more than 1,000 seeds"
+    return (f"Seeds by spread: the paired Δ gold's standard deviation, median over the {len(sds)} "
+            f"comparisons, is {sd:.3f}; a Student-t 95 % half-width of at most half the gold "
+            f"margin ({margin / 2:.3g}) takes {need} (this table: n = {n}).")
+
+
 def t_ci(x, level=0.95):
     """(mean, low, high): the Student-t interval of the mean of x, mean ± t·s/√n with n - 1
     degrees of freedom. Its coverage at small n is checked by simulation
@@ -341,6 +362,11 @@ def summarise(rows, order, base=DEFAULT_CONDITION, paired=("gold_mean", "kl", "p
         row = cells[k * len(paired):(k + 1) * len(paired)]
         lines.append(f"| {cond} | {ns[cond]} | " + " | ".join(row) + " |")
     lines += ["", margins_line(paired, margins, len(stats))]
+    if "gold_mean" in paired and len(compared) and margins[paired.index("gold_mean")]:
+        sds = [float(np.std(paired_diffs(rows, c, base, "gold_mean"), ddof=1)) for c in compared]
+        low, high = min(ns.values()), max(ns.values())
+        n = f"{low}" if low == high else f"{low}–{high}"
+        lines += ["", spread_line(sds, margins[paired.index("gold_mean")], n)]
     return "\n".join(lines) + "\n"
 
 

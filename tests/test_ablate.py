@@ -145,6 +145,20 @@ def test_paired_differences_read_as_one_family_of_three_verdicts():
     assert cells[6].endswith("undecided") and tables.family_cells(stats[6:7], [0.25])[0].endswith("different")
     assert "one family of 8 comparisons (Holm)" in md and "gold_mean ±0.25, kl ±1" in md
     assert tables.paired_diffs(rows, "b", "adaptive", "gold_mean") == [1.0, -1.0, 0.0]       # seed 4 unpaired
+    # The seeds the table's spread asks for: the median of its comparisons' SDs of Δ gold.
+    sds = [float(np.std(tables.paired_diffs(rows, c, "adaptive", "gold_mean"), ddof=1)) for c in "abcd"]
+    assert tables.spread_line(sds, 0.25, "3") in md and "(this table: n = 3)" in md
+
+
+@pytest.mark.parametrize("sd, half", [(0.175, 0.125), (0.1, 0.125), (1.0, 0.1), (0.01, 0.125)])
+def test_the_seeds_a_spread_asks_for_are_the_fewest_whose_half_width_is_within_half_the_margin(sd, half):
+    """tables.seeds_for against the half-width written out: at n it is at most `half`, at n - 1 it is not."""
+    def half_width(n):
+        return tables.t_quantile(0.975, n - 1) * sd / math.sqrt(n)
+    n = tables.seeds_for(sd, half)
+    assert half_width(n) <= half and (n == 2 or half_width(n - 1) > half)
+    assert tables.seeds_for(5.0, 0.01) is None                                      # past 1,000 seeds
+    assert tables.seeds_for(0.0, 0.125) == 2
 
 
 def test_the_models_table_takes_each_models_mean_as_the_unit():
