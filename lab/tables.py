@@ -182,12 +182,21 @@ def family_cells(stats, margins, fmt="{:+.3f}"):
 
 
 def margins_line(cols, margins, size):
-    """The sentence under a family's table: its size and each column's margin."""
+    """The sentence under a table of comparisons: its families' sizes (size: one family's, or a
+    list, one per column: each column's comparisons with the baseline are one family) and each
+    column's margin."""
+    sizes = size if isinstance(size, list) else [size]
+    if len(sizes) == 1:
+        families = f"one family of {sizes[0]} comparisons (Holm)"
+    elif len(set(sizes)) == 1:
+        families = f"each column's {sizes[0]} comparisons one family (Holm)"
+    else:
+        families = f"each column's comparisons one family (Holm; {', '.join(map(str, sizes))})"
     said = [f"{c} ±{m:.3g}" for c, m in zip(cols, margins) if m is not None]
     bare = [c for c, m in zip(cols, margins) if m is None]
-    line = (f"Verdicts: one family of {size} comparisons (Holm): different (the adjusted test "
-            "rejects 0), equivalent (the adjusted two one-sided tests put it inside ± the margin) "
-            "or undecided; margins " + (", ".join(said) or "none"))
+    line = (f"Verdicts: {families}: different (the adjusted test rejects 0), equivalent (the "
+            "adjusted two one-sided tests put it inside ± the margin) or undecided; margins "
+            + (", ".join(said) or "none"))
     if bare:
         line += f"; no margin for {', '.join(bare)} (read different or undecided only)"
     return line + "."
@@ -353,7 +362,11 @@ def summarise(rows, order, base=DEFAULT_CONDITION, paired=("gold_mean", "kl", "p
             compared.append(cond)
             ns[cond] = len(diffs[0])
             stats += [paired_stats(d) for d in diffs]
-    cells = family_cells(stats, margins * len(compared))
+    # Each column's comparisons with the baseline are one family (one question each).
+    width = len(paired)
+    per_column = [family_cells(stats[j::width], [margins[j]] * len(compared))
+                  for j in range(width)]
+    cells = [per_column[j][k] for k in range(len(compared)) for j in range(width)]
     lines += ["", f"Paired differences against {base} (same seeds): mean [Student-t 95 % "
               "interval], n the seeds, and the verdict.", "",
               "| condition | seeds | " + " | ".join(f"Δ {c}" for c in paired) + " |",
@@ -361,7 +374,7 @@ def summarise(rows, order, base=DEFAULT_CONDITION, paired=("gold_mean", "kl", "p
     for k, cond in enumerate(compared):
         row = cells[k * len(paired):(k + 1) * len(paired)]
         lines.append(f"| {cond} | {ns[cond]} | " + " | ".join(row) + " |")
-    lines += ["", margins_line(paired, margins, len(stats))]
+    lines += ["", margins_line(paired, margins, [len(compared)] * width)]
     if "gold_mean" in paired and len(compared) and margins[paired.index("gold_mean")]:
         sds = [float(np.std(paired_diffs(rows, c, base, "gold_mean"), ddof=1)) for c in compared]
         low, high = min(ns.values()), max(ns.values())
@@ -657,15 +670,21 @@ def compared(diffs, margin):
 
 def family_rows(rows, fmt="{:+.3f}"):
     """Markdown rows from lists of cells, each a string or a comparison (`compared`'s, or a
-    dict(stats, margin, note) for Welch's); every comparison of the rows is one family
-    (family_cells). Returns (the lines, the family's size)."""
-    comps = [c for r in rows for c in r if isinstance(c, dict)]
-    cells = iter(family_cells([c["stats"] for c in comps], [c["margin"] for c in comps], fmt))
-    lines = []
-    for r in rows:
-        out = [next(cells) + c["note"] if isinstance(c, dict) else c for c in r]
-        lines.append("| " + " | ".join(out) + " |")
-    return lines, len(comps)
+    dict(stats, margin, note) for Welch's); each column's comparisons are one family
+    (family_cells). Returns (the lines, the families' sizes, one per column that has any)."""
+    width = max((len(r) for r in rows), default=0)
+    read, sizes = {}, []
+    for j in range(width):
+        comps = [(i, r[j]) for i, r in enumerate(rows) if j < len(r) and isinstance(r[j], dict)]
+        if not comps:
+            continue
+        sizes.append(len(comps))
+        cells = family_cells([c["stats"] for _, c in comps], [c["margin"] for _, c in comps], fmt)
+        for (i, c), cell in zip(comps, cells):
+            read[(i, j)] = cell + c["note"]
+    lines = ["| " + " | ".join(read.get((i, j), c) for j, c in enumerate(r)) + " |"
+             for i, r in enumerate(rows)]
+    return lines, sizes
 
 
 def penalised_section(trajs, pens, frees, res):

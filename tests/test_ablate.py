@@ -126,24 +126,26 @@ def test_bootstrap_interval_on_known_cases():
 
 
 def test_paired_differences_read_as_one_family_of_three_verdicts():
-    """summarise: each condition minus the baseline seed by seed (an unpaired seed left out), every comparison of
-    the table (conditions x columns) one Holm family, each cell its mean, 95 % t interval and verdict, as
+    """summarise: each condition minus the baseline seed by seed (an unpaired seed left out), each column's
+    comparisons one Holm family, each cell its mean, 95 % t interval and verdict, as
     tables.family_cells gives them against the margins stated (gold 0.25, KL a fifth of the baseline's)."""
     rows = [dict(condition=c, seed=s, gold_mean=g, kl=k) for c, s, g, k in
             [("adaptive", 1, 0.0, 5.0), ("adaptive", 2, 1.0, 5.0), ("adaptive", 3, 2.0, 5.0),
              ("a", 1, 0.5, 9.0), ("a", 2, 1.5, 9.1), ("a", 3, 2.5, 9.2),              # +0.5 every seed: different
              ("b", 1, 1.0, 5.0), ("b", 2, 0.0, 5.2), ("b", 3, 2.0, 4.8), ("b", 4, 9.0, 1.0),   # +1, -1, 0: undecided
              ("c", 1, 0.01, 5.01), ("c", 2, 1.0, 4.99), ("c", 3, 1.99, 5.0),    # within ±0.01: equivalent
-             ("d", 1, 0.3, 5.0), ("d", 2, 1.5, 5.0), ("d", 3, 2.4, 5.0)]]   # p 0.02 alone, not in a family of 8
+             ("d", 1, 0.3, 5.0), ("d", 2, 1.5, 5.0), ("d", 3, 2.4, 5.0)]]   # p 0.02 alone, not in a family of 4
     md = tables.summarise(rows, ["adaptive", "a", "b", "c", "d"], paired=("gold_mean", "kl"), columns=["gold_mean", "kl"])
     stats = [tables.paired_stats(tables.paired_diffs(rows, c, "adaptive", col)) for c in "abcd"
              for col in ("gold_mean", "kl")]
-    cells = tables.family_cells(stats, [0.25, 1.0] * 4)
+    # Each column's four comparisons are one family.
+    gold, kl = tables.family_cells(stats[0::2], [0.25] * 4), tables.family_cells(stats[1::2], [1.0] * 4)
+    cells = [c for pair in zip(gold, kl) for c in pair]
     for k, c in enumerate("abcd"):
         assert f"| {c} | 3 | {cells[2 * k]} | {cells[2 * k + 1]} |" in md
     assert cells[0].endswith("different") and cells[2].endswith("undecided") and cells[4].endswith("equivalent")
     assert cells[6].endswith("undecided") and tables.family_cells(stats[6:7], [0.25])[0].endswith("different")
-    assert "one family of 8 comparisons (Holm)" in md and "gold_mean ±0.25, kl ±1" in md
+    assert "each column's 4 comparisons one family (Holm)" in md and "gold_mean ±0.25, kl ±1" in md
     assert tables.paired_diffs(rows, "b", "adaptive", "gold_mean") == [1.0, -1.0, 0.0]       # seed 4 unpaired
     # The seeds the table's spread asks for: the median of its comparisons' SDs of Δ gold.
     sds = [float(np.std(tables.paired_diffs(rows, c, "adaptive", "gold_mean"), ddof=1)) for c in "abcd"]

@@ -428,14 +428,22 @@ def test_a_fit_keeps_alpha_and_beta_to_what_they_mean_and_a_peak_to_the_data():
     assert cells[2] == tables.range_cell([f["r2"] for f in fits], "{:.2f}") and all(f["r2"] <= 1 for f in fits)
 
 
-def test_a_table_s_comparisons_are_one_family_whatever_row_or_column_they_sit_in():
-    """tables.family_rows: every comparison cell of the rows (paired against 0, or Welch) read by family_cells
-    over all of them together, in reading order, its n after it; fewer than two values give '-'."""
+def test_each_column_s_comparisons_are_one_family_whatever_row_they_sit_in():
+    """tables.family_rows: the comparison cells of each column (paired against 0, or Welch) read by family_cells
+    over that column's rows together, its n after it; fewer than two values give '-'. A third row whose
+    comparison would be "different" alone is "undecided" in its column's family of three."""
     from lab import tables
     a, b, c = [0.4, 0.6, 0.5], [0.1, -0.2, 0.05], [2.0, 2.1, 1.9]
+    d = [0.3, 0.6, 0.4]
     rows = [["x", tables.compared(a, 0.25), tables.compared([1.0], 0.25)],
-            ["y", tables.compared(b, None), dict(stats=tables.welch_stats(c, a), margin=0.25, note=" (n 3 and 3)")]]
-    lines, size = tables.family_rows(rows, "{:+.2f}")
-    want = tables.family_cells([tables.paired_stats(a), tables.paired_stats(b), tables.welch_stats(c, a)],
-                               [0.25, None, 0.25], "{:+.2f}")
-    assert size == 3 and lines == [f"| x | {want[0]} (n 3) | - |", f"| y | {want[1]} (n 3) | {want[2]} (n 3 and 3) |"]
+            ["y", tables.compared(b, None), dict(stats=tables.welch_stats(c, a), margin=0.25, note=" (n 3 and 3)")],
+            ["z", tables.compared(d, 0.25), "-"]]
+    lines, sizes = tables.family_rows(rows, "{:+.2f}")
+    first = tables.family_cells([tables.paired_stats(a), tables.paired_stats(b), tables.paired_stats(d)],
+                                [0.25, None, 0.25], "{:+.2f}")
+    second = tables.family_cells([tables.welch_stats(c, a)], [0.25], "{:+.2f}")
+    assert sizes == [3, 1] and lines == [f"| x | {first[0]} (n 3) | - |",
+                                         f"| y | {first[1]} (n 3) | {second[0]} (n 3 and 3) |",
+                                         f"| z | {first[2]} (n 3) | - |"]
+    assert first[2].endswith("undecided") and tables.family_cells([tables.paired_stats(d)], [0.25])[0].endswith(
+        "different")
