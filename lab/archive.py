@@ -67,8 +67,9 @@ def choose(found, base="", on=None):
     """found: {key: [(folder, record)]}, each key a run of the table. Returns (base, {key: (folder,
     record)}, [keys the archive lacks on that base]): the base named by `base` (a prefix of the
     pretrained model's hash), else the one with the most runs among those made on the machine
-    `on` (any machine when none was; ties: the first in hash order). RunError when `base` matches
-    no kept run, or several bases."""
+    `on` (any machine when none was; ties there: the first in hash order). RunError when `base`
+    matches no kept run, or several bases, or when no `base` or `on` is given and two bases hold
+    as many runs."""
     bases = sorted({base_of(rec) for runs in found.values() for _, rec in runs}, key=str)
     if base:
         bases = [b for b in bases if (b[0] or "").startswith(base)]
@@ -87,6 +88,13 @@ def choose(found, base="", on=None):
     counts = {b: sum(any(base_of(rec) == b for _, rec in runs) for runs in found.values())
               for b in bases}
     best = max(bases, key=counts.get)
+    # As many runs on two pretrained models: which the table stands for is the user's to say.
+    tied = [b for b in bases if counts[b] == counts[best]]
+    if on is None and len(tied) > 1:
+        named = ", ".join(f"{(b[0] or '?')[:8]}" for b in tied)
+        raise RunError(f"--tables_only: the archive holds {counts[best]} of this table's runs on "
+                       f"each of {len(tied)} pretrained models ({named}): name one with "
+                       "--base=HASH")
     chosen, missing = {}, []
     for key, runs in found.items():
         mine = [r for r in runs if base_of(r[1]) == best]

@@ -14,25 +14,28 @@ Left out: the numbers in the prose (the answers quote them from these tables).
 """
 import glob, os, subprocess, sys, tempfile
 
-# The commands whose tables the answers quote (each with --tables_only, into a folder of its own).
+# The commands whose tables the answers quote (each with --tables_only, into a folder of its own),
+# each on the pretrained model its tables were made on (--base: the AVX-512 EPYC's 9974174c, the
+# AVX2 EPYC's c0279a02).
+MAIN, AVX2 = "--base=9974174c", "--base=c0279a02"
 COMMANDS = [
-    ["lab.ablate", "--suite=core"],
-    ["lab.ablate", "--suite=estimators"],
-    ["lab.ablate", "--suite=reference"],
-    ["lab.ablate", "--suite=anchors"],
-    ["lab.ablate", "--suite=cheap"],
+    ["lab.ablate", "--suite=core", MAIN],
+    ["lab.ablate", "--suite=estimators", MAIN],
+    ["lab.ablate", "--suite=reference", MAIN],
+    ["lab.ablate", "--suite=anchors", MAIN],
+    ["lab.ablate", "--suite=cheap", MAIN],
     ["lab.ablate", "--suite=beta", "--conditions=no_kl,beta_0.001,fixed_0.005,beta_0.01,beta_0.03,"
-     "fixed_0.05,beta_0.1,beta_0.3,fixed_0.5,beta_1,adaptive,adaptive_fast"],
-    ["lab.ablate", "--suite=verifiable"],
-    ["lab.ablate", "--suite=models"],
-    ["lab.ablate", "--suite=overopt"],
-    ["lab.ablate", "--suite=controls"],
+     "fixed_0.05,beta_0.1,beta_0.3,fixed_0.5,beta_1,adaptive,adaptive_fast", MAIN],
+    ["lab.ablate", "--suite=verifiable", MAIN],
+    ["lab.ablate", "--suite=models", MAIN],
+    ["lab.ablate", "--suite=overopt", MAIN],
+    ["lab.ablate", "--suite=controls", AVX2],
     ["lab.dpo_suite", "--subdir=dpo_epochs", "--arms=frontier", "--dpo_epochs=4",
-     "--dpo_eval_every=26", "--models="],
+     "--dpo_eval_every=26", "--models=", AVX2],
     ["lab.dpo_suite", "--subdir=dpo_epochs", "--arms=ipo_0.1,ipomean_0.1", "--dpo_epochs=4",
-     "--dpo_eval_every=26", "--models="],
+     "--dpo_eval_every=26", "--models=", AVX2],
     ["lab.dpo_suite", "--arms=dpo_0.05,dpo_0.1,dpo_0.3,dpo_1,dpo_5,ipo_0.1,ipo_1,noref_0.05,"
-     "noref_0.1,noref_0.3,noref_1,noref_5,ppo_adaptive,ppo_fixed_0.05"],
+     "noref_0.1,noref_0.3,noref_1,noref_5,ppo_adaptive,ppo_fixed_0.05", MAIN],
 ]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -58,16 +58,21 @@ def test_one_base_for_the_whole_table_and_what_it_lacks_named():
     another base is missing, never mixed in; a prefix that matches two pretrained models is refused."""
     def rec(p):
         return ("folder_" + p, {"inputs": {"pretrain.pt": p, "reward.pt": "r"}})
-    found = {"a": [rec("aa11"), rec("bb22")], "b": [rec("aa11")], "c": [rec("bb22")], "d": []}
+    found = {"a": [rec("aa11"), rec("bb22")], "b": [rec("aa11")], "c": [rec("bb22")], "d": [], "e": [rec("aa11")]}
     base, chosen, missing = archive.choose(found)
-    assert base == ("aa11", "r") and set(chosen) == {"a", "b"} and missing == ["c", "d"]
+    assert base == ("aa11", "r") and set(chosen) == {"a", "b", "e"} and missing == ["c", "d"]
     base, chosen, missing = archive.choose(found, "bb")
-    assert base == ("bb22", "r") and chosen["a"][0] == "folder_bb22" and missing == ["b", "d"]
+    assert base == ("bb22", "r") and chosen["a"][0] == "folder_bb22" and missing == ["b", "d", "e"]
     with pytest.raises(RunError, match="give more of its hash"):
         archive.choose({"a": [rec("ab1"), rec("ab2")]}, "ab")
     with pytest.raises(RunError, match="no kept run"):
         archive.choose({"a": [rec("ab1")]}, "zz")
     assert archive.choose({"a": []}) == (None, {}, ["a"])
+    # As many runs on two bases: the user names one.
+    with pytest.raises(RunError, match=r"1 of this table's runs on each of 2 pretrained models \(aa11, bb22\): "
+                                       "name one with --base=HASH"):
+        archive.choose({"a": [rec("aa11")], "b": [rec("bb22")]})
+    assert archive.choose({"a": [rec("aa11")], "b": [rec("bb22")]}, "bb")[0] == ("bb22", "r")
 
 
 def test_every_pretrained_model_s_runs_come_from_the_machine_that_made_the_main_ones():
