@@ -28,6 +28,9 @@ seeds each.
                                              # CPU, without training (--base=HASH: the pretrained
                                              # model's, where the archive holds several; the
                                              # figures also into docs/figures/)
+    python -m lab.ablate --suite=beta --tables_only --make_pretrained
+                                             # also the pretrained model's evaluations the archive
+                                             # lacks, made on a CPU that rebuilds its base
     python -m lab.ablate --tables_only --check
                                              # every suite's tables rebuilt so, and each table the
                                              # answers quote compared with them (lab/check.py)
@@ -280,14 +283,14 @@ def parse(argv):
         print(__doc__)
         sys.exit(0)
     opts = dict(quick=False, seeds=5, conditions="", suite="core", jobs=2, subdir="ablate",
-                kept=KEPT_DIR, tables_only=False, base="", check=False)
+                kept=KEPT_DIR, tables_only=False, base="", check=False, make_pretrained=False)
     check_once(argv)
     user = []
     for a in argv:
         name, _, value = a[2:].partition("=")
         if a.startswith("--") and name in opts:
             try:
-                yes_no = name in ("quick", "tables_only", "check")
+                yes_no = name in ("quick", "tables_only", "check", "make_pretrained")
                 opts[name] = BOOLS[value.lower()] if yes_no else type(opts[name])(value)
             except (KeyError, ValueError):
                 die(f"bad value for --{name}: {value!r}")
@@ -345,6 +348,9 @@ def parse(argv):
                 die(f"--kept={opts['kept']}: {d} {store.not_a_folder(d)}")
     if opts["tables_only"] and not opts["kept"]:
         die("--tables_only reads the kept runs: name their folder with --kept=FOLDER")
+    if opts["make_pretrained"] and not opts["tables_only"]:
+        die("--make_pretrained makes what --tables_only reads of the pretrained model: it goes "
+            "with --tables_only")
     if opts["check"] and not opts["tables_only"]:
         die("--check compares the tables rebuilt from the kept runs: it goes with --tables_only")
     if opts["base"] and not opts["tables_only"]:
@@ -1027,6 +1033,29 @@ def ablate(opts, rest):
         print(table)
 
 
+def make_pretrained(opts, rest, cfg, order):
+    """--tables_only --make_pretrained: this machine's pretrained models (train.py's stages, built
+    where missing: the main run's in --out_dir, the others' under SUBDIR/bases) evaluated as the
+    suite's command evaluates them, in this process, and kept in the archive: the pretrained rows,
+    and the overopt suites' evaluations. On a CPU that rebuilds the archive's bases, what the
+    tables lack of them; on another, its own (kept beside, read with --base)."""
+    base = cfg.run.out_dir
+    with train.open_folder(cfg):
+        main_run = train.parse(override(rest, ["--stage=all"]))
+        main_run.run.fresh = False
+        train.run_stages(main_run, upto="reward")
+        adir = os.path.join(base, opts["subdir"])
+        os.makedirs(adir, exist_ok=True)
+        for c in (c for c in order if c in BASES):
+            name, flags = BASES[c]
+            make_base(rest, base, os.path.join(adir, "bases", name), flags)
+        rows = pretrained_rows(opts, rest, cfg, base, adir, order, 0)
+        if opts["suite"] in OVEROPT:
+            seeds = range(cfg.run.seed, cfg.run.seed + opts["seeds"])
+            rows += [dict(condition=c, seed=s) for c in order for s in seeds]
+            overopt_inputs(opts, cfg, rest, base, adir, order, rows, bon_sizes(opts))
+
+
 def group_of(key):
     """The base a run of (condition, seed) is made on: "main", or its BASES folder's name."""
     return BASES[key[0]][0] if key[0] in BASES else "main"
@@ -1041,11 +1070,13 @@ def tables_only(opts, rest):
     each base's kept evaluations for their own tables (overopt_inputs')."""
     started = time.time()
     threads = 1 if opts["jobs"] > 1 else 0
+    cfg = train.parse(rest)
+    order = opts["conditions"].split(",")
+    if opts["make_pretrained"]:
+        make_pretrained(opts, rest, cfg, order)
     # The runs' configs hold the threads they ran with.
     if threads:
         torch.set_num_threads(threads)
-    cfg = train.parse(rest)
-    order = opts["conditions"].split(",")
     seeds = range(cfg.run.seed, cfg.run.seed + opts["seeds"])
     found = {}
     for c in dict.fromkeys(map(folder, order)):

@@ -24,7 +24,9 @@ beside them), with best-of-n by the proxy.
         --dpo_eval_every=26 --models= --tables_only
                                              # the tables and figure from lab/runs alone, on any
                                              # CPU, without training (--base=HASH: the pretrained
-                                             # model's, where the archive holds several)
+                                             # model's, where the archive holds several;
+                                             # --make_pretrained: also the pretrained model's
+                                             # evaluations it lacks, on a CPU that rebuilds it)
 
 Online arms (online_*) run --online_rounds rounds of --online_prompts prompts x 2 answers (PPO's
 60 x 64 by default), evaluated every 6 rounds; --dpo_epochs and --dpo_batch_size reach the offline
@@ -153,12 +155,12 @@ def parse(argv):
     check_once(argv)
     opts = dict(quick=False, seeds=5, arms=DEFAULT_ARMS, jobs=2,
                 bon="12x256", models=",".join(ablate.MODELS), kept=ablate.KEPT_DIR, subdir="",
-                tables_only=False, base="")
+                tables_only=False, base="", make_pretrained=False)
     user = []
     for a in argv:
         name, _, value = a[2:].partition("=")
         if a.startswith("--") and name in opts:
-            yes_no = name in ("quick", "tables_only")
+            yes_no = name in ("quick", "tables_only", "make_pretrained")
             try:
                 kind = ablate.BOOLS.__getitem__ if yes_no else type(opts[name])
                 opts[name] = kind(value.lower() if yes_no else value)
@@ -230,6 +232,9 @@ def parse(argv):
         die("--tables_only reads the kept runs: name their folder with --kept=FOLDER")
     if opts["base"] and not opts["tables_only"]:
         die("--base chooses among the kept runs' pretrained models: it goes with --tables_only")
+    if opts["make_pretrained"] and not opts["tables_only"]:
+        die("--make_pretrained makes what --tables_only reads of the pretrained model: it goes "
+            "with --tables_only")
     return opts, rest
 
 
@@ -784,10 +789,17 @@ def tables_only(opts, rest):
     docs/figures/SUBDIR_frontier.png. What the archive lacks is named, and nothing written."""
     started = time.time()
     threads = 1 if opts["jobs"] > 1 else 0
+    cfg = train.parse(shared(rest))
+    if opts["make_pretrained"]:
+        # As the suite's command makes them: the main run's stages, then its evaluations, kept.
+        with train.open_folder(cfg):
+            main_run = train.parse(override(shared(rest), ["--stage=all"]))
+            main_run.run.fresh = False
+            train.run_stages(main_run, upto="reward")
+            pretrained_evals(opts, rest, cfg, cfg.run.out_dir)
     # The runs' configs hold the threads they ran with.
     if threads:
         torch.set_num_threads(threads)
-    cfg = train.parse(shared(rest))
     order = opts["arms"].split(",")
     runs = placed(opts, order, cfg.run.seed)
     where_of = {(m, a, seed): where for m, a, seed, where in runs}

@@ -686,6 +686,16 @@ def test_a_kept_run_stands_in_for_a_run_a_fresh_checkout_lacks(run, tmp_path, mo
     assert actors() == set()
     assert kept_file("no_kl", "metrics.jsonl") == path                  # in the same place, over the stale one
     assert files_in(str(other)) == theirs                               # and never over another CPU's
+    # The pretrained model's evaluations gone from the archive: --make_pretrained makes them again on a machine
+    # that has the base (here the smoke run's), keeps them, and the tables are the same.
+    shutil.rmtree(kept / "ablate_kept" / "pretrained")
+    here = [a for a in only if not a.startswith("--out_dir=")] + [f"--out_dir={run}", "--make_pretrained"]
+    ablate.main(here)
+    assert (kept / "ablate_kept" / "pretrained").is_dir()
+    # The pretrained row as before (the runs' rows moved: they were redone above, with their own times).
+    made_again = open(os.path.join(adir, "results.md")).read()
+    before = [line for line in table.splitlines() if line.startswith("| pretrained |")]
+    assert len(before) == 1 and [line for line in made_again.splitlines() if line.startswith("| pretrained |")] == before
     # What the archive lacks is named in one line, and nothing is written.
     shutil.rmtree(kept_file("adaptive", ""))
     shutil.rmtree(kept / "ablate_kept" / "pretrained")
