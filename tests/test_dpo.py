@@ -325,6 +325,11 @@ def test_the_suite_draws_each_arm_s_curve_from_the_start_and_reuses_finished_run
     assert rebuilt.split("\nMade by")[0] == md.split("\nMade by")[0]
     assert (tmp_path / "figures" / "dpo_s_frontier.png").stat().st_size > 0
     assert sorted(os.listdir(elsewhere)) == ["dpo_s"]                  # nothing trained, no base made
+    # Its pretrained evaluations gone: --make_pretrained on the machine with the base makes and keeps them again.
+    shutil.rmtree(kept / "dpo_s" / "pretrained")
+    home = [a for a in only if not a.startswith("--out_dir=")] + [next(a for a in argv if a.startswith("--out_dir="))]
+    dpo_suite.main(home + ["--make_pretrained"])
+    assert open(os.path.join(adir, "dpo.md")).read().split("\nMade by")[0] == md.split("\nMade by")[0]
     shutil.rmtree(kept / "dpo_s" / "noref_0.1" / "seed1338")
     os.remove(elsewhere / "dpo_s" / "dpo.md")
     with pytest.raises(SystemExit) as e:
