@@ -206,7 +206,9 @@ def seeds_for(sd, half, most=1000):
     """The rule for a table's n, from spread alone: the fewest seeds n (>= 2) whose Student-t 95 %
     half-width t·sd/√n is at most `half` (half the margin) for a pilot's standard deviation sd;
     None past `most`."""
-    for n in range(2, most + 1):
+    # t exceeds the normal's 1.96, so no n below the normal's answer can do: start there.
+    start = max(2, math.ceil((1.959964 * sd / half) ** 2))
+    for n in range(start, most + 1):
         if t_quantile(0.975, n - 1) * sd / math.sqrt(n) <= half:
             return n
     return None

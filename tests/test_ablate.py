@@ -353,8 +353,10 @@ def test_a_kill_9_of_ablate_stops_its_workers_and_the_rerun_ends_as_a_clean_run(
     time.sleep(1)
     assert files_in(adir) == before                                    # and nothing was written after the kill
     assert not {"actor.pt", "critic.pt", "run.json"} & {os.path.basename(f) for f in before}
-    ablate.main(flags + ["--subdir=ablate_kill"])                      # the killed runs are done again
-    ablate.main(flags + ["--subdir=ablate_kill_clean"])                # the same runs, never interrupted
+    # The reruns in this process (one torch thread here, as each worker had: the same runs).
+    here = [f for f in flags if f != "--jobs=2"] + ["--jobs=1"]
+    ablate.main(here + ["--subdir=ablate_kill"])                       # the killed runs are done again
+    ablate.main(here + ["--subdir=ablate_kill_clean"])                 # the same runs, never interrupted
     rows, clean = (store.load_json(os.path.join(run, s, "results.jsonl"), lines=True)
                    for s in ("ablate_kill", "ablate_kill_clean"))
     assert same_numbers(rows, clean) and len(rows) == 3
