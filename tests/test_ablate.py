@@ -233,7 +233,11 @@ def test_the_cheap_reference_table(run):
                                            (["--suite=huge"], "bad value for --suite"),
                                            (["--conditions=no_kl,no_kl"], "twice"), (["--seeds=0"], ">= 1"),
                                            (["--seeds=x"], "bad value"), (["--ppo_iters=0"], "--ppo_iters"),
-                                           (["--suite=nope"], "bad value for --suite")])
+                                           (["--suite=nope"], "bad value for --suite"),
+                                           (["--check"], "goes with --tables_only"),
+                                           (["--make_pretrained"], "goes with --tables_only"),
+                                           (["--tables_only", "--check=maybe"], "bad value for --check"),
+                                           (["--suite=controls", "--length_penalty=-1"], "--length_penalty")])
 def test_bad_options_are_a_clear_error(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
         ablate.main(argv)
