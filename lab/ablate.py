@@ -202,9 +202,9 @@ CONDITIONS = {
     "long_rloo_0.1": ["--advantage=rloo", "--kl_ctl=fixed", "--init_kl_coef=0.1"],
     "free_rloo": NO_KL + ["--advantage=rloo"],
     # The controls of what the KL is spent on: β = 0 with a price on length (per token: 20
-    # tokens, the unpenalised actor's excess length, cost 0.2 and 1.0, about and twice what the
-    # default penalty pays per response at its final KL) and with an entropy bonus (a per-token
-    # KL at β holds -β·H: the penalised arms' βs 0.01 and 0.1).
+    # tokens, the unpenalised actor's excess length, cost 0.2 and 1.0, either side of the ~0.4
+    # the default penalty pays per response at its final KL) and with an entropy bonus (a
+    # per-token KL at β holds -β·H: the penalised arms' βs 0.01 and 0.1).
     **{f"free_len_{c}": NO_KL + [f"--length_penalty={c}"] for c in CONTROL_LENGTH},
     **{f"free_ent_{c}": NO_KL + [f"--ent_coef={c}"] for c in CONTROL_ENTROPY},
     # The key pair (the adaptive controller and its β = 0 run) on other proxies and two more
