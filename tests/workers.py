@@ -17,12 +17,15 @@ import pytest
 ENV = "TETHER_TEST_WORKER"
 
 # The slowest files first: a file is run whole by the worker that claims it, and a slow file
-# claimed last keeps one worker running while the other has nothing left.
-# test_edits.py second: it makes its own pipelines, so the second worker starts while the first
-# makes the smoke run the other files share (made_once).
-SLOW_FIRST = ["test_ablate.py", "test_edits.py", "test_state.py", "test_dpo.py", "test_disk.py",
-              "test_train.py", "test_overopt.py", "test_dist.py", "test_pretrain_optim.py",
-              "test_ref.py", "test_bad_input.py", "test_claims.py"]
+# claimed last keeps one worker running while the other has nothing left. The order is the files'
+# own times in one process (--workers=1 --durations=0 on a 2-core AMD EPYC, AVX2), longest first,
+# but test_edits.py second: it makes its own pipelines, so the second worker starts while the
+# first makes the smoke run the other files share (made_once).
+SLOW_FIRST = ["test_ablate.py", "test_edits.py", "test_state.py", "test_dpo.py", "test_train.py",
+              "test_disk.py", "test_dist.py", "test_overopt.py", "test_pretrain_optim.py",
+              "test_intervals.py", "test_online.py", "test_ref.py", "test_bad_input.py",
+              "test_claims.py", "test_sample.py", "test_ecosystem.py", "test_seeds.py",
+              "test_profile.py", "test_change_a_flag.py", "test_readme.py"]
 
 # This process's part: its index, the worker count, the claims' folder, the files it owns or
 # left to another, what each of its tests ended as, and the workers it started.
