@@ -31,12 +31,15 @@ seeds each.
     python -m lab.ablate --suite=beta --tables_only --make_pretrained
                                              # also the pretrained model's evaluations the archive
                                              # lacks, made on a CPU that rebuilds its base
+    python -m lab.ablate --suite=beta --tables_only --figures=
+                                             # the figures left in out/ only (default: also into
+                                             # docs/figures/)
     python -m lab.ablate --tables_only --check
                                              # every suite's tables rebuilt so, and each table the
                                              # answers quote compared with them (lab/check.py)
 
 results.md gives each column's mean with a Student-t 95 % interval over seeds, then each condition
-minus `adaptive` (or the suite's first condition) paired over seeds, each comparison of the table
+minus `adaptive` (or the suite's first condition) paired over seeds, each column's comparisons
 one family read as different, equivalent or undecided (tables.summarise, tables.MARGINS).
 Each run folder holds what train.py's PPO stage writes but its plot (a run's curves:
 `python -m lab.plot RUN_DIR`), and a run.json, written last, that records the config, input and
@@ -283,7 +286,8 @@ def parse(argv):
         print(__doc__)
         sys.exit(0)
     opts = dict(quick=False, seeds=5, conditions="", suite="core", jobs=2, subdir="ablate",
-                kept=KEPT_DIR, tables_only=False, base="", check=False, make_pretrained=False)
+                kept=KEPT_DIR, tables_only=False, base="", check=False, make_pretrained=False,
+                figures=FIGURES)
     check_once(argv)
     user = []
     for a in argv:
@@ -333,8 +337,8 @@ def parse(argv):
         die(f"--seed={cfg.run.seed} with --seeds={opts['seeds']}: a run's seed would be >= 2^31")
     # The overopt tables fit each run's evaluations: a suite without any would fit nothing.
     if opts["suite"] in OVEROPT and not cfg.eval.eval_every:
-        die("--suite=overopt fits each run's held-out evaluations: --eval_every=0 gives it none "
-            "(leave it out: the suite evaluates after every iteration)")
+        die(f"--suite={opts['suite']} fits each run's held-out evaluations: --eval_every=0 gives "
+            "it none (leave it out: the suite evaluates after every iteration)")
     for d in (cfg.run.out_dir, os.path.join(cfg.run.out_dir, opts["subdir"])):
         if store.not_a_folder(d):
             die(f"--out_dir={cfg.run.out_dir}: {d} {store.not_a_folder(d)}")
@@ -1136,13 +1140,14 @@ def tables_only(opts, rest):
             store.write_text(os.path.join(adir, f"results_{opts['suite']}.md"), overopt_md)
     # The figures, also where the documents show them: a whole suite's only (a few of its
     # conditions would replace its figures).
-    for name in ([] if opts["user_conditions"] else names):
+    # --figures= (empty): nowhere (the check's own runs).
+    for name in ([] if opts["user_conditions"] or not opts["figures"] else names):
         png = os.path.join(adir, name)
         if os.path.exists(png) and os.path.getmtime(png) >= started:
-            os.makedirs(FIGURES, exist_ok=True)
+            os.makedirs(opts["figures"], exist_ok=True)
             with open(png, "rb") as f:
-                store.write_bytes(os.path.join(FIGURES, f"{opts['subdir']}_{opts['suite']}_"
-                                               f"{name}"), f.read())
+                store.write_bytes(os.path.join(opts["figures"], f"{opts['subdir']}_"
+                                               f"{opts['suite']}_{name}"), f.read())
     print(table)
 
 
@@ -1150,7 +1155,7 @@ def main(argv):
     opts, rest = parse(argv)
     try:
         if opts["check"]:
-            lines, ok = check.check(opts["kept"])
+            lines, ok = check.check(os.path.abspath(opts["kept"]))
             print("\n".join(lines))
             if not ok:
                 die("--check: the answers' tables and the archive's differ, or the archive "

@@ -90,7 +90,7 @@ def choose(found, base="", on=None):
     best = max(bases, key=counts.get)
     # As many runs on two pretrained models: which the table stands for is the user's to say.
     tied = [b for b in bases if counts[b] == counts[best]]
-    if on is None and len(tied) > 1:
+    if not base and on is None and len(tied) > 1:
         named = ", ".join(f"{(b[0] or '?')[:8]}" for b in tied)
         raise RunError(f"--tables_only: the archive holds {counts[best]} of this table's runs on "
                        f"each of {len(tied)} pretrained models ({named}): name one with "

@@ -26,7 +26,8 @@ beside them), with best-of-n by the proxy.
                                              # CPU, without training (--base=HASH: the pretrained
                                              # model's, where the archive holds several;
                                              # --make_pretrained: also the pretrained model's
-                                             # evaluations it lacks, on a CPU that rebuilds it)
+                                             # evaluations it lacks, on a CPU that rebuilds it;
+                                             # --figures=: the figure into out/ only)
 
 Online arms (online_*) run --online_rounds rounds of --online_prompts prompts x 2 answers (PPO's
 60 x 64 by default), evaluated every 6 rounds; --dpo_epochs and --dpo_batch_size reach the offline
@@ -155,7 +156,7 @@ def parse(argv):
     check_once(argv)
     opts = dict(quick=False, seeds=5, arms=DEFAULT_ARMS, jobs=2,
                 bon="12x256", models=",".join(ablate.MODELS), kept=ablate.KEPT_DIR, subdir="",
-                tables_only=False, base="", make_pretrained=False)
+                tables_only=False, base="", make_pretrained=False, figures=FIGURES)
     user = []
     for a in argv:
         name, _, value = a[2:].partition("=")
@@ -841,8 +842,8 @@ def tables_only(opts, rest):
     # The figure where the documents show it: the suite's own arms only (a few of them would
     # replace it).
     figure = None
-    if opts["arms"] in (DEFAULT_ARMS, ",".join(FRONTIER)):
-        figure = os.path.join(FIGURES, f"{opts['subdir']}_frontier.png")
+    if opts["figures"] and opts["arms"] in (DEFAULT_ARMS, ",".join(FRONTIER)):
+        figure = os.path.join(opts["figures"], f"{opts['subdir']}_frontier.png")
     print(report(opts, rows, metrics, starts, pre["values"]["bon"], order, adir, made, figure))
 
 

@@ -332,8 +332,8 @@ def bestofk_table(rows, order):
 def summarise(rows, order, base=DEFAULT_CONDITION, paired=("gold_mean", "kl", "proxy_mean"),
               columns=COLUMNS):
     """Markdown: mean [Student-t 95 % interval over seeds] per condition; then each condition minus
-    `base` (or the suite's first condition), paired over seeds, every such comparison of the table
-    one family read by three verdicts (family_cells; each column's margin margin_of's)."""
+    `base` (or the suite's first condition), paired over seeds, each column's comparisons one
+    family read by three verdicts (family_cells; each column's margin margin_of's)."""
     # A suite without `base` is compared against its first condition.
     base = base if base in order else next((c for c in order if c != "pretrained"), None)
     header = "| condition | seeds | " + " | ".join(columns) + " |"
@@ -732,7 +732,7 @@ def pair_section(trajs, pairs, res):
     """Each penalised run against its own β = 0 run at the penalised run's final KL, paired by
     seed: its final gold minus the β = 0 frontier there (the best evaluation at or under that KL),
     and minus the β = 0 run's first pass through it (linear between two consecutive
-    iterations); every difference of the table one family."""
+    iterations); each column's differences one family."""
     lines = ["\n## Each penalty against its own unpenalised run, at the penalty's KL\n",
              "Paired by seed: the penalised run's final gold gain minus (a) the β = 0 run's "
              "frontier at the penalised run's final KL (its best evaluation at or under it: the "
@@ -879,7 +879,7 @@ def proxies_section(res, proxies):
              "accuracy against the annotator's noisy labels and against the gold order (pairs "
              "the gold scores tell apart). Mean [Student-t 95 % interval], n seeds; minus the "
              "main proxy's: Welch's 95 % interval (another reward model, so unpaired); each with "
-             "its verdict, the table one family.\n",
+             "its verdict, each column one family.\n",
              "| proxy | what differs | held-out pairs | accuracy: noisy | accuracy: gold | "
              "penalty − frontier | minus the main proxy's |", "|---|---|---|---|---|---|---|"]
     res["proxies"] = {}

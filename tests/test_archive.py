@@ -73,6 +73,10 @@ def test_one_base_for_the_whole_table_and_what_it_lacks_named():
                                        "name one with --base=HASH"):
         archive.choose({"a": [rec("aa11")], "b": [rec("bb22")]})
     assert archive.choose({"a": [rec("aa11")], "b": [rec("bb22")]}, "bb")[0] == ("bb22", "r")
+    # --base given: no tie is refused (two reward models of one pretrained model: the first).
+    def rec2(r):
+        return ("folder_" + r, {"inputs": {"pretrain.pt": "aa11", "reward.pt": r}})
+    assert archive.choose({"a": [rec2("r1")], "b": [rec2("r2")]}, "aa")[0] == ("aa11", "r1")
 
 
 def test_every_pretrained_model_s_runs_come_from_the_machine_that_made_the_main_ones():

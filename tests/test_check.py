@@ -30,9 +30,14 @@ def test_a_quoted_table_may_leave_rows_out_but_not_change_a_cell():
     assert differences == ["answers/x.md, the table at line 7 (penalty | its β = 0 run | KL | ...): row "
                            "'long_adaptive | free_lr_x0.25', column 'penalty − frontier': the text has '+1.510', "
                            "the archive gives '+1.500'"]
-    # A row the rebuilt tables do not have, and a row cut short.
-    extra = doc.replace("| adaptive | 5 |", "| band | 5 |")
+    # A row the rebuilt tables do not have (beside one they have), a table whose rows they mostly lack (one line,
+    # not one per row: another suite's table of the same header), and a row cut short.
+    extra = doc.replace("| adaptive | 5 | +2.37 [+2.26, +2.47] | 6.6 |\n",
+                        "| adaptive | 5 | +2.37 [+2.26, +2.47] | 6.6 |\n| band | 5 | +2.30 | 6.0 |\n")
     assert "row 'band' is in no rebuilt table of this header" in check.compare({"x": extra}, [MADE])[0][0]
+    other = doc.replace("| adaptive | 5 |", "| band | 5 |")
+    assert check.compare({"x": other}, [MADE])[0] == [
+        "x, the table at line 3 (condition | seeds | gold | ...): 1 of its 1 rows are in no rebuilt table of this header"]
     short = doc.replace("| +2.37 [+2.26, +2.47] | 6.6 |", "| +2.37 [+2.26, +2.47] |")
     assert "row 'adaptive' has 3 cells, the rebuilt row 4" in check.compare({"x": short}, [MADE])[0][0]
 
@@ -50,6 +55,10 @@ def test_every_command_the_check_runs_is_one_its_suite_takes():
         module = {"lab.ablate": ablate, "lab.dpo_suite": dpo_suite}[command[0]]
         opts, _ = module.parse(argv)
         assert opts["tables_only"]
+
+
+def test_the_check_s_commands_leave_the_documents_figures_alone():
+    assert check.argv_of(["lab.ablate", "--suite=core"], "o", "k")[-1] == "--figures="
 
 
 def test_a_command_that_cannot_rebuild_its_tables_fails_the_check():
