@@ -961,33 +961,39 @@ def report(opts, cfg, rows, order, adir, run_dir, stamp_line, runs):
     return table, body, rows
 
 
+def build_bases(opts, rest, base, order):
+    """The main run's stages up to the reward model in base (built when missing), and the bases of
+    the conditions in `order` whose reward model or pretrained model differ (BASES), under
+    SUBDIR/bases. Returns (SUBDIR's folder, {condition: its base's folder})."""
+    main_run = train.parse(override(rest, ["--stage=all"]))
+    # --fresh redoes this command's ablation runs, never the main run.
+    main_run.run.fresh = False
+    try:
+        train.run_stages(main_run, upto="reward")
+    except RunError as e:
+        raise RunError(f"{e} (with python train.py --out_dir={base}; "
+                       "ablate.py's --fresh redoes only its own runs)", e.code) from None
+    adir = os.path.join(base, opts["subdir"])
+    os.makedirs(adir, exist_ok=True)
+    made = {}
+    for c in (c for c in order if c in BASES):
+        name, flags = BASES[c]
+        made[c] = os.path.join(adir, "bases", name)
+        make_base(rest, base, made[c], flags)
+    return adir, made
+
+
 def ablate(opts, rest):
     cfg = train.parse(rest)
     base = cfg.run.out_dir
     started = time.time()
     # The main run's folder, made when missing (a fresh checkout has no out/), as train.py's.
     with train.open_folder(cfg):
-        main_run = train.parse(override(rest, ["--stage=all"]))
-        # --fresh redoes this command's ablation runs, never the main run.
-        main_run.run.fresh = False
-        try:
-            # The pretrained model, reference and reward model: built when missing.
-            train.run_stages(main_run, upto="reward")
-        except RunError as e:
-            raise RunError(f"{e} (with python train.py --out_dir={base}; "
-                           "ablate.py's --fresh redoes only its own runs)", e.code) from None
-        adir = os.path.join(base, opts["subdir"])
-        os.makedirs(adir, exist_ok=True)
         order = opts["conditions"].split(",")
+        adir, made = build_bases(opts, rest, base, order)
         seed0 = cfg.run.seed
         threads = 1 if opts["jobs"] > 1 else 0
         # A SAME_AS condition runs once, in its twin's folder.
-        # The bases of conditions whose reward model or pretrained model differ (BASES).
-        made = {}
-        for c in (c for c in order if c in BASES):
-            name, flags = BASES[c]
-            made[c] = os.path.join(adir, "bases", name)
-            make_base(rest, base, made[c], flags)
         # One job per condition and seed; its kept copy lives under
         # <kept>/<suite>/<condition>/seed<n>/inputs_<hash> (None: nothing is kept).
         jobs = []
@@ -1045,14 +1051,7 @@ def make_pretrained(opts, rest, cfg, order):
     tables lack of them; on another, its own (kept beside, read with --base)."""
     base = cfg.run.out_dir
     with train.open_folder(cfg):
-        main_run = train.parse(override(rest, ["--stage=all"]))
-        main_run.run.fresh = False
-        train.run_stages(main_run, upto="reward")
-        adir = os.path.join(base, opts["subdir"])
-        os.makedirs(adir, exist_ok=True)
-        for c in (c for c in order if c in BASES):
-            name, flags = BASES[c]
-            make_base(rest, base, os.path.join(adir, "bases", name), flags)
+        adir, _ = build_bases(opts, rest, base, order)
         rows = pretrained_rows(opts, rest, cfg, base, adir, order, 0)
         if opts["suite"] in OVEROPT:
             seeds = range(cfg.run.seed, cfg.run.seed + opts["seeds"])
