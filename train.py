@@ -197,7 +197,8 @@ def run_stages(cfg, upto=None):
         print(line)
     stages = STAGES[:[s.name for s in STAGES].index(upto) + 1] if upto else STAGES
     todo, kept, dropped = plan(stages, cfg.run.stage, out, records, lambda st: stamp(cfg, st),
-                               lambda st, rec: files(cfg, st.outputs, rec["config"]),
+                               lambda st, rec: files(cfg, st.outputs, rec["config"],
+                                                     rec["outputs"]),
                                redo=cfg.run.redo_from)
     for name in kept:
         print(f"---- stage {name}: done with this config, kept ----")

@@ -906,9 +906,10 @@ def pretrained_config(cfg):
 
 def report(opts, cfg, rows, order, adir, run_dir, stamp_line, runs):
     """results.md (and the suite's results_SUITE.md, results_ref.md), scores.png, frontier.png,
-    beta.png and bestofk.png into adir from the rows (the pretrained rows first, then one per
-    condition and seed as run, a SAME_AS condition under its twin's name); run_dir(cond, seed):
-    the folder holding a run's metrics.jsonl; stamp_line: made_by's; runs: how many PPO runs.
+    beta.png and bestofk.png (--plots=false: none) into adir from the rows (the pretrained rows
+    first, then one per condition and seed as run, a SAME_AS condition under its twin's name);
+    run_dir(cond, seed): the folder holding a run's metrics.jsonl; stamp_line: made_by's; runs:
+    how many PPO runs.
     Returns (the tables, the report without its made-by line, rows as the tables read them)."""
     pre = [r for r in rows if r["condition"].startswith("pretrained")]
     ran = [r for r in rows if not r["condition"].startswith("pretrained")]
@@ -953,6 +954,9 @@ def report(opts, cfg, rows, order, adir, run_dir, stamp_line, runs):
         store.write_text(os.path.join(adir, f"results_{opts['suite']}.md"), report_md)
         if cheap:
             store.write_text(os.path.join(adir, "results_ref.md"), ref_report)
+    # --plots=false: the tables alone.
+    if not cfg.run.plots:
+        return table, body, rows
     plot(rows, adir, main, run_dir)
     # The pretrained model against each actor.
     if gold:

@@ -76,6 +76,10 @@ class RunConfig:
                       "TensorBoard scalars, as it is written, under out_dir/tb/STAGE/ "
                       "(machinery/tblog.py; tensorboard --logdir out/tb); changes no number, so "
                       "no stage is redone for it", choices=["none", "tensorboard"])
+    plots: bool = arg(True, help="each stage's figure (pretrain.png, reward.png, ppo.png, "
+                      "dpo.png, bestofk.png); false: none drawn (sweeps, headless machines). "
+                      "Changes no number, so no stage is redone for it; a kept stage is not "
+                      "redrawn (python -m lab.plot OUT_DIR draws any run's curves)")
 
 
 @dataclass

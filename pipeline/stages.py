@@ -125,7 +125,9 @@ def stage_pretrain(cfg, stamp):
                tokens_per_second=tokens / seconds, log=evals)
     store.save_json(path(cfg, "pretrain.json"), out)
     store.save_json(path(cfg, "pretrain_metrics.jsonl"), log, lines=True)
-    plot_curves(log, "loss", "val_loss", "pretraining: next-token loss", path(cfg, "pretrain.png"))
+    if run.plots:
+        plot_curves(log, "loss", "val_loss", "pretraining: next-token loss",
+                    path(cfg, "pretrain.png"))
     for p, r in list(zip(prompts, texts))[:3]:
         print(f"  [{data.gold_score(p, r):+.2f}] {p.strip()} | {r}")
     print(f"pretrain: val loss {out['val_loss']:.3f}, well-formed {out['wellformed_rate']:.0%} "
@@ -175,7 +177,8 @@ def stage_reward(cfg, stamp):
     save_scalar_model(rm, path(cfg, "reward.pt"))
     store.save_json(path(cfg, "reward.json"), stats)
     store.save_json(path(cfg, "reward_metrics.jsonl"), rows, lines=True)
-    plot_reward(rows, path(cfg, "reward.png"))
+    if run.plots:
+        plot_reward(rows, path(cfg, "reward.png"))
     print(f"reward model: held-out accuracy {stats['acc_noisy']:.1%} against the noisy labels, "
           f"{stats['acc_gold']:.1%} against the gold order ({stats['n_val']} pairs; the annotator "
           f"itself agrees with gold on {stats['annotator_agreement']:.1%})")
@@ -276,7 +279,8 @@ def run_ppo(cfg, base, run_dir, stamp, log=say, plot=True):
 def stage_ppo(cfg, stamp, base=None, run_dir=None, log=say, plot=True):
     """PPO from base's models (out_dir's) into run_dir (out_dir; lab/ablate.py: a run's own folder),
     each line to `log`."""
-    s = run_ppo(cfg, base or cfg.run.out_dir, run_dir or cfg.run.out_dir, stamp, log, plot)
+    s = run_ppo(cfg, base or cfg.run.out_dir, run_dir or cfg.run.out_dir, stamp, log,
+                plot and cfg.run.plots)
     # torchrun: a rank other than 0.
     if s is None:
         return
@@ -334,7 +338,8 @@ def run_dpo(cfg, base, run_dir, stamp, log=say, plot=True):
 
 
 def stage_dpo(cfg, stamp, base=None, run_dir=None, log=say, plot=True):
-    s = run_dpo(cfg, base or cfg.run.out_dir, run_dir or cfg.run.out_dir, stamp, log, plot)
+    s = run_dpo(cfg, base or cfg.run.out_dir, run_dir or cfg.run.out_dir, stamp, log,
+                plot and cfg.run.plots)
     f = s["final"]
     log(f"dpo: held-out gold {f['gold_mean']:+.2f}, proxy {f['proxy_mean']:+.2f}, KL to "
         f"reference {f['kl']:.2f} nats, well-formed {f['wellformed_rate']:.0%}, length "
@@ -359,7 +364,8 @@ def stage_report(cfg, stamp):
         res[name]["bestofk"] = best_of_k(model, enc, heldout, run, cfg.eval.bestofk_n,
                                          cfg.eval.pass_gold, cfg.eval.n_eval,
                                          pass_gold_hard=cfg.eval.pass_gold_hard)
-    plot_bestofk({name: r["bestofk"] for name, r in res.items()}, path(cfg, "bestofk.png"))
+    if run.plots:
+        plot_bestofk({name: r["bestofk"] for name, r in res.items()}, path(cfg, "bestofk.png"))
     timings = load_timings(cfg)
     # The machine, commit and command; the wall time is the stages' seconds summed.
     made = provenance.stamp(sum(timings.values()), device=run.device)
@@ -414,13 +420,14 @@ STAGES = [
 BY_NAME = {s.name: s for s in STAGES}
 
 
-def files(cfg, names, made=None):
+def files(cfg, names, made=None, named=None):
     """A stage's files under this config, or under `made` (the {field: value} config of a record:
     what that stage made): gpt2's tokenizer is tiktoken's own (no tokenizer.bpe), only PPO with a
-    critic (--advantage=gae) leaves critic.pt, and plots are drawn only where matplotlib is
-    installed."""
+    critic (--advantage=gae) leaves critic.pt, and plots are drawn only with --plots where
+    matplotlib is installed. named: the files a record names; a figure is then one only where it
+    names it (a stage made with --plots=false is not redone to draw one)."""
     made = made or {}
-    plots = importlib.util.find_spec("matplotlib") is not None
+    plots = cfg.run.plots and importlib.util.find_spec("matplotlib") is not None
     tokenizer_kind = made.get("tokenizer", cfg.world.tokenizer)
     advantage = made.get("advantage", cfg.ppo.advantage)
     out = []
@@ -429,7 +436,7 @@ def files(cfg, names, made=None):
             continue
         if n == "critic.pt" and advantage != "gae":
             continue
-        if n.endswith(".png") and not plots:
+        if n.endswith(".png") and not (plots if named is None else n in named):
             continue
         out.append(n)
     return out

@@ -27,9 +27,10 @@ def run(tmp_path_factory):
 
 # The smoke preset made smaller still, for tests that build whole pipelines of their own to check
 # how state behaves (kills, resumes, deleted files, reseeds, other models), not how well a model
-# learns: 40 pretraining iterations instead of 150, 200 preference pairs, one reward epoch.
+# learns: 40 pretraining iterations instead of 150, 200 preference pairs, one reward epoch, and no
+# figures (a quarter of a tiny pipeline's time; the smoke run draws every one).
 TINY = ["--preset=smoke", "--max_iters=40", "--eval_interval=20", "--n_pairs=200", "--rm_epochs=1",
-        "--n_samples=8"]
+        "--n_samples=8", "--plots=false"]
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_every_condition_appears_with_finite_values_and_finished_runs_are_reused(run):
-    argv = ["--preset=smoke", f"--out_dir={run}", "--quick", "--ppo_iters=2", "--n_eval=8", "--jobs=1"]
+    argv = ["--preset=smoke", "--plots=false", f"--out_dir={run}", "--quick", "--ppo_iters=2", "--n_eval=8", "--jobs=1"]
     ablate.main(argv)
     adir = os.path.join(run, "ablate_quick")          # --quick's own folder: it never replaces main-budget runs
     assert not os.path.exists(os.path.join(run, "ablate"))
@@ -216,7 +216,7 @@ def records_of(folder):
 def test_the_cheap_reference_table(run):
     """The reference table (in results.md; a suite's also in results_ref.md): one row per condition, from the runs'
     ppo.json (bytes, step-0 KL, KL to the full and to the run's own reference, rollbacks)."""
-    ablate.main(["--preset=smoke", f"--out_dir={run}", "--quick", "--ppo_iters=2", "--n_eval=8", "--jobs=1",
+    ablate.main(["--preset=smoke", "--plots=false", f"--out_dir={run}", "--quick", "--ppo_iters=2", "--n_eval=8", "--jobs=1",
                  "--conditions=ref_int8,rollback", "--subdir=ablate_ref"])
     adir = os.path.join(run, "ablate_ref")
     rows = {r["condition"]: r for r in store.load_json(os.path.join(adir, "results.jsonl"), lines=True)}
@@ -251,7 +251,7 @@ def test_ctrl_c_stops_every_worker(run):
     (under load they may not have started yet): one line on stderr, exit 130, the workers gone when the parent is
     (it joins them), then nothing of the process group left."""
     adir = os.path.join(run, "ablate_int")
-    p = subprocess.Popen([sys.executable, "-m", "lab.ablate", "--preset=smoke", f"--out_dir={run}", "--subdir=ablate_int",
+    p = subprocess.Popen([sys.executable, "-m", "lab.ablate", "--preset=smoke", "--plots=false", f"--out_dir={run}", "--subdir=ablate_int",
                           "--conditions=no_kl,fixed_0.5", "--ppo_iters=100000", "--jobs=2"], cwd=ROOT,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))   # as from a terminal
@@ -337,7 +337,7 @@ def same_numbers(a, b):
 
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc to find the workers")
 def test_a_kill_9_of_ablate_stops_its_workers_and_the_rerun_ends_as_a_clean_run(run):
-    flags = ["--preset=smoke", f"--out_dir={run}", "--conditions=no_kl,fixed_0.5", "--seeds=1", "--ppo_iters=2",
+    flags = ["--preset=smoke", "--plots=false", f"--out_dir={run}", "--conditions=no_kl,fixed_0.5", "--seeds=1", "--ppo_iters=2",
              "--n_eval=8", "--jobs=2"]
     p = subprocess.Popen([sys.executable, "-m", "lab.ablate", *flags, "--subdir=ablate_kill"], cwd=ROOT,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -418,7 +418,7 @@ def test_a_worker_dies_with_its_parent_even_between_writes(tmp_path):
 
 def test_a_damaged_run_is_done_again_alone_and_fresh_never_touches_the_main_run(run):
     argv = ["--preset=smoke", f"--out_dir={run}", "--conditions=no_kl,fixed_0.5", "--seeds=1", "--ppo_iters=2",
-            "--n_eval=8", "--jobs=1", "--subdir=ablate_state"]
+            "--n_eval=8", "--jobs=1", "--subdir=ablate_state", "--plots=false"]
     adir = os.path.join(run, "ablate_state")
     ablate.main(argv)
     rows = store.load_json(os.path.join(adir, "results.jsonl"), lines=True)
@@ -509,7 +509,7 @@ def test_every_run_gives_train_parse_each_flag_once(run, monkeypatch):
     monkeypatch.setattr(stages, "run_ppo", stop)
     monkeypatch.setattr(ablate, "baseline_row", no_row)
     with pytest.raises(SystemExit):
-        ablate.main(["--preset=smoke", f"--out_dir={run}", "--quick", "--ppo_iters=1", "--n_eval=8",
+        ablate.main(["--preset=smoke", "--plots=false", f"--out_dir={run}", "--quick", "--ppo_iters=1", "--n_eval=8",
                      "--init_kl_coef=0.3", "--stage=ppo", "--conditions=no_kl", "--jobs=1",
                      "--subdir=ablate_once"])
     last = parsed[-1]
@@ -545,7 +545,7 @@ def test_a_worker_that_fails_ends_ablate_with_one_line(body, run, tmp_path):
     pickle cannot rebuild ended the pool's result thread: either way ablate waited for ever."""
     script = tmp_path / "failing.py"
     script.write_text(FAILING.replace("{body}", body))
-    flags = ["--preset=smoke", f"--out_dir={run}", "--quick", "--ppo_iters=1", "--n_eval=8",
+    flags = ["--preset=smoke", "--plots=false", f"--out_dir={run}", "--quick", "--ppo_iters=1", "--n_eval=8",
              "--conditions=no_kl,fixed_0.5", "--jobs=2", "--subdir=ablate_fails"]
     p = subprocess.Popen([sys.executable, str(script), *flags], cwd=ROOT,
                          env=dict(os.environ, PYTHONPATH=ROOT), stdout=subprocess.PIPE,

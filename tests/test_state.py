@@ -425,3 +425,30 @@ def test_another_thread_count_is_refused_like_a_changed_flag(run, tmp_path, caps
     finally:
         torch.set_num_threads(before)
     assert f"now --threads={other}" in err and "stage pretrain" in err
+
+
+def test_plots_false_draws_no_figure_redoes_no_stage_and_a_redone_stage_leaves_no_old_one(run, tmp_path, capsys):
+    """--plots=false changes no number: on a finished folder nothing is redone; PPO redone under it draws no ppo.png
+    and leaves none from before (nor the report's bestofk.png); with figures on again, no stage is redone to draw
+    one."""
+    out = copy_run(run, tmp_path)
+    figures = ("pretrain.png", "reward.png", "ppo.png", "bestofk.png")
+    assert all(os.path.exists(os.path.join(out, n)) for n in figures)
+    config = os.path.join(out, "config.json")
+    before = hashes(out)
+    train.main(SMOKE + [f"--out_dir={out}", "--plots=false"])
+    assert "---- stage ppo ----" not in capsys.readouterr().out
+    assert {k: v for k, v in hashes(out).items() if k != config} == {k: v for k, v in before.items() if k != config}
+    train.main(SMOKE + [f"--out_dir={out}", "--plots=false", "--redo_from=ppo"])
+    assert "---- stage ppo ----" in capsys.readouterr().out
+    assert [n for n in figures if os.path.exists(os.path.join(out, n))] == ["pretrain.png", "reward.png"]
+    assert numbers(out) == numbers(run)
+    records = store.load_json(os.path.join(out, "stages.json"))
+    assert "ppo.png" not in records["ppo"]["outputs"] and "metrics.jsonl" in records["ppo"]["outputs"]
+    made = hashes(out)
+    train.main(SMOKE + [f"--out_dir={out}"])
+    said = capsys.readouterr().out
+    assert "---- stage ppo: done with this config, kept ----" in said and "---- stage report ----" not in said
+    assert not os.path.exists(os.path.join(out, "ppo.png"))
+    assert {k: v for k, v in hashes(out).items() if k != config} == {k: v for k, v in made.items() if k != config}
+    assert store.load_json(config)["run"]["plots"] is True

@@ -109,9 +109,10 @@ def test_the_controller_is_fed_the_exact_kl(run, tmp_path, monkeypatch):
 
 def test_bf16_trains_in_bf16_and_ppo_still_starts_at_kl_zero(run, tmp_path):
     """--dtype=bf16 must reach the training passes (other numbers than fp32, still learning) and leave PPO exact.
-    Pretraining is cut to 8 steps for both, the pairs to 160, PPO to 2 iterations: where the CPU emulates bf16
-    (no AVX512-BF16), a bf16 step costs about 15 fp32 ones."""
-    short = ["--preset=smoke", "--max_iters=8", "--eval_interval=4", "--n_pairs=160", "--ppo_iters=2"]
+    Pretraining is cut to 8 steps for both, the pairs to 160 for one reward epoch, PPO to 2 iterations, no
+    figures: where the CPU emulates bf16 (no AVX512-BF16), a bf16 step costs about 15 fp32 ones."""
+    short = ["--preset=smoke", "--max_iters=8", "--eval_interval=4", "--n_pairs=160", "--rm_epochs=1",
+             "--ppo_iters=2", "--plots=false"]
     ref32, out = str(tmp_path / "fp32"), str(tmp_path / "bf16")
     for o in (ref32, out):
         shutil.copytree(run, o)                                  # the smoke run's world
