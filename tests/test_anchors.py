@@ -34,7 +34,8 @@ def stopped_at_3_and_resumed(run, out, *flags):
     return again, resumed
 
 
-SYNC = ["--ref_update=sync", "--ref_sync_every=2", "--ref_sync_alpha=0.3", "--ptx_coef=0.2", "--ppo_iters=3"]
+SYNC = ["--ref_update=sync", "--ref_sync_every=2", "--ref_sync_alpha=0.3", "--ptx_coef=0.2", "--ppo_iters=3",
+        "--plots=false"]
 
 
 def test_sync_moves_a_copy_and_resume_keeps_it_and_the_ptx_stream(run, tmp_path):

@@ -276,7 +276,8 @@ def test_the_plan_pairs_each_penalty_with_the_unpenalised_run_of_its_base_lambda
 
 
 # ---- through the PPO stage, on the smoke run ----
-FLAGS = ["--ppo_iters=4", "--ppo_lr=6e-4", "--kl_ctl=fixed", "--init_kl_coef=0", "--save_interval=1"]
+FLAGS = ["--ppo_iters=4", "--ppo_lr=6e-4", "--kl_ctl=fixed", "--init_kl_coef=0", "--save_interval=1",
+         "--plots=false"]
 
 
 def no_eval(rows):

@@ -192,7 +192,8 @@ def state_after(run, out, iters, *flags):
     return store.load_torch(os.path.join(out, "ppo_state.pt"))
 
 
-FLAGS = ["--ppo_iters=4", "--ppo_lr=6e-4", "--kl_ctl=fixed", "--init_kl_coef=0.02", "--save_interval=1"]
+FLAGS = ["--ppo_iters=4", "--ppo_lr=6e-4", "--kl_ctl=fixed", "--init_kl_coef=0.02", "--save_interval=1",
+         "--plots=false"]
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,9 @@ from machinery.errors import RunError
 from conftest import TINY
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SMOKE = ["--preset=smoke"]
+# The smoke preset without figures: the smoke run (conftest.py's `run`) draws every one, and a stage run
+# again here has no figure to check (a figure is half a short PPO stage's time).
+SMOKE = ["--preset=smoke", "--plots=false"]
 
 
 def copy_run(run, tmp_path):
@@ -427,6 +429,9 @@ def test_another_thread_count_is_refused_like_a_changed_flag(run, tmp_path, caps
     assert f"now --threads={other}" in err and "stage pretrain" in err
 
 
+PLOTTED = ["--preset=smoke"]
+
+
 def test_plots_false_draws_no_figure_redoes_no_stage_and_a_redone_stage_leaves_no_old_one(run, tmp_path, capsys):
     """--plots=false changes no number: on a finished folder nothing is redone; PPO redone under it draws no ppo.png
     and leaves none from before (nor the report's bestofk.png); with figures on again, no stage is redone to draw
@@ -436,17 +441,17 @@ def test_plots_false_draws_no_figure_redoes_no_stage_and_a_redone_stage_leaves_n
     assert all(os.path.exists(os.path.join(out, n)) for n in figures)
     config = os.path.join(out, "config.json")
     before = hashes(out)
-    train.main(SMOKE + [f"--out_dir={out}", "--plots=false"])
+    train.main(PLOTTED + [f"--out_dir={out}", "--plots=false"])
     assert "---- stage ppo ----" not in capsys.readouterr().out
     assert {k: v for k, v in hashes(out).items() if k != config} == {k: v for k, v in before.items() if k != config}
-    train.main(SMOKE + [f"--out_dir={out}", "--plots=false", "--redo_from=ppo"])
+    train.main(PLOTTED + [f"--out_dir={out}", "--plots=false", "--redo_from=ppo"])
     assert "---- stage ppo ----" in capsys.readouterr().out
     assert [n for n in figures if os.path.exists(os.path.join(out, n))] == ["pretrain.png", "reward.png"]
     assert numbers(out) == numbers(run)
     records = store.load_json(os.path.join(out, "stages.json"))
     assert "ppo.png" not in records["ppo"]["outputs"] and "metrics.jsonl" in records["ppo"]["outputs"]
     made = hashes(out)
-    train.main(SMOKE + [f"--out_dir={out}"])
+    train.main(PLOTTED + [f"--out_dir={out}"])
     said = capsys.readouterr().out
     assert "---- stage ppo: done with this config, kept ----" in said and "---- stage report ----" not in said
     assert not os.path.exists(os.path.join(out, "ppo.png"))
