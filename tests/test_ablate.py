@@ -575,8 +575,8 @@ def test_a_kept_run_stands_in_for_a_run_a_fresh_checkout_lacks(run, tmp_path, mo
     done again, and kept."""
     kept = tmp_path / "kept"
     conds = ("no_kl", "fixed_0.5", "adaptive")
-    argv = ["--preset=smoke", f"--out_dir={run}", "--quick", "--ppo_iters=2", "--n_eval=8", "--jobs=1",
-            f"--conditions={','.join(conds)}", "--subdir=ablate_kept", f"--kept={kept}"]
+    argv = ["--preset=smoke", "--plots=false", f"--out_dir={run}", "--quick", "--ppo_iters=2", "--n_eval=8",
+            "--jobs=1", f"--conditions={','.join(conds)}", "--subdir=ablate_kept", f"--kept={kept}"]
     ablate.main(argv)
     adir = os.path.join(run, "ablate_kept")
     rows = store.load_json(os.path.join(adir, "results.jsonl"), lines=True)
@@ -637,13 +637,15 @@ def test_a_kept_run_stands_in_for_a_run_a_fresh_checkout_lacks(run, tmp_path, mo
     bare.mkdir()
     monkeypatch.setattr(ablate, "FIGURES", str(tmp_path / "figures"))
     only = [a for a in argv if not a.startswith("--out_dir=")] + [f"--out_dir={bare}", "--tables_only"]
-    ablate.main(only)
+    # The figures drawn (the runs above drew none).
+    drawn = [a for a in only if a != "--plots=false"]
+    ablate.main(drawn)
     assert open(bare / "ablate_kept" / "results.md").read().split("\nMade by")[0] == table.split("\nMade by")[0]
     assert sorted(os.listdir(bare)) == ["ablate_kept"]
     assert not (tmp_path / "figures").exists()                         # a few conditions: not published
     # The suite named (its conditions these three): its figures are published where the documents show them.
     monkeypatch.setitem(ablate.SUITES, "core", list(conds))
-    ablate.main([a for a in only if not a.startswith("--conditions=")])
+    ablate.main([a for a in drawn if not a.startswith("--conditions=")])
     assert (tmp_path / "figures" / "ablate_kept_core_scores.png").stat().st_size > 0
     # --check: the tables an answer quotes, against the same command's tables from the archive; one cell
     # changed in the answer is named (file, table, row, column) and the command exits 1.

@@ -18,7 +18,7 @@ from model import GPT, GPTConfig
 from machinery.optim import Optimizers
 
 SMOKE = ["--preset=smoke", "--max_iters=60", "--eval_interval=15", "--warmup_iters=8", "--muon_lr=0.03",
-         "--muon_momentum=0.9"]
+         "--muon_momentum=0.9", "--plots=false"]
 MUON = SMOKE + ["--optimizer=muon"]
 WORLD = stages.WORLD + ["stages.json"]
 
@@ -124,7 +124,7 @@ def test_a_muon_pretraining_killed_and_resumed_ends_bit_for_bit_as_never_interru
     assert e.value.code == 130 and not os.path.exists(os.path.join(out, "pretrain.json"))
     state = torch.load(os.path.join(out, "pretrain_ckpt.pt"), weights_only=True)
     assert state["iter"] == 30 and len(state["opt"]) == 2 and state["opt"][0]["state"]   # Muon's momentum saved
-    train.main(MUON + [f"--out_dir={out}"])
+    train.main(MUON + [f"--out_dir={out}", "--stage=pretrain"])               # the same command
     strip = lambda d: {k: v for k, v in d.items() if k not in ("seconds", "tokens_per_second")}
     assert strip(store.load_json(os.path.join(out, "pretrain.json"))) == strip(muon["summary"])
     weights = torch.load(os.path.join(out, "pretrain.pt"), weights_only=True)["model"]
