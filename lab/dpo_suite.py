@@ -219,8 +219,9 @@ def parse(argv):
     if os.sep in opts["subdir"] or opts["subdir"] in (".", ".."):
         die(f"bad value for --subdir: {opts['subdir']!r} (a folder name inside --out_dir)")
     d = os.path.join(cfg.run.out_dir, opts["subdir"])
-    if store.not_a_folder(cfg.run.out_dir) or store.not_a_folder(d):
-        die(f"--out_dir={cfg.run.out_dir}: not a folder")
+    for folder in (cfg.run.out_dir, d):
+        if store.not_a_folder(folder):
+            die(f"--out_dir={cfg.run.out_dir}: {folder} {store.not_a_folder(folder)}")
     # Runs are kept for the main run folder only, unless --kept names a folder.
     named = any(a.startswith("--kept=") for a in argv)
     if not named and os.path.abspath(cfg.run.out_dir) != os.path.abspath(ablate.OUT_DEFAULT):

@@ -15,7 +15,7 @@ from test_ppo import EOS, tiny
 def ppo_run(run, out, *flags, log=lambda s: None):
     cfg = train.parse(["--preset=smoke", f"--out_dir={run}", *flags])
     stages.seed_everything(cfg.run.seed)
-    s = stages.run_ppo(cfg, run, str(out), stages.stamp(cfg, stages.BY_NAME["ppo"]), log=log)
+    s = stages.run_ppo(cfg, run, str(out), stages.stamp(cfg, stages.BY_NAME["ppo"]), log=log, plot=False)
     return s, [{k: v for k, v in r.items() if not k.startswith("time/")}
                for r in store.load_json(os.path.join(out, "metrics.jsonl"), lines=True)]
 

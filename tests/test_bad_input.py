@@ -2,7 +2,7 @@
 --readme (/dev/zero) is refused after reading at most its cap; an --out_dir whose name is not valid UTF-8 is
 refused before the evaluation, with the folder's files unchanged, by train.py and the lab's commands alike; a
 refused command leaves no folder (nor lock) it made; --config without --out_dir says which folder it runs in."""
-import importlib, os, resource, shutil, subprocess, sys
+import json, os, resource, shutil, subprocess, sys
 import pytest
 
 import train
@@ -57,14 +57,35 @@ def test_an_out_dir_not_in_utf8_is_refused_before_the_evaluation(run, tmp_path):
     assert hashes(out) == before
 
 
-@pytest.mark.parametrize("name, argv", [("ablate", SMOKE), ("seeds", SMOKE), ("dpo_suite", SMOKE + ["--ppo_iters=6"]),
-                                        ("bench", [])], ids=["ablate", "seeds", "dpo_suite", "bench"])
-def test_the_labs_commands_refuse_an_out_dir_not_in_utf8(tmp_path, name, argv, capfd):
-    """In this process, with the name as Python's argv holds it (train.py's test above goes through a command line
-    of bytes)."""
-    main = importlib.import_module(f"lab.{name}").main
+# Each lab command as `python -m` starts it (its __main__ block, a real sys.argv and stderr), the four in one process
+# so that torch is imported once; train.py's test above goes through a command line of bytes.
+EACH = """import json, runpy, sys
+for name, argv in json.loads(sys.argv[1]):
+    sys.argv = [name] + argv
+    code = 0
+    try:
+        runpy.run_module(name, run_name="__main__", alter_sys=True)
+    except SystemExit as e:
+        code = e.code
+    print(f"==== {name} exit {code}", file=sys.stderr, flush=True)
+"""
+
+
+def test_the_labs_commands_refuse_an_out_dir_not_in_utf8(tmp_path):
     out = not_utf8(tmp_path, "lab")
-    assert "--out_dir=" in refused(argv + [f"--out_dir={out}"], capfd, main)
+    labs = {"lab.ablate": SMOKE, "lab.seeds": SMOKE, "lab.dpo_suite": SMOKE + ["--ppo_iters=6"], "lab.bench": []}
+    runs = [[name, argv + [f"--out_dir={out}"]] for name, argv in labs.items()]
+    code, err = command(["-c", EACH, json.dumps(runs)])
+    assert code == 0, err
+    said = []
+    for line in err:
+        if line.startswith("==== "):
+            assert len(said) == 1 and "--out_dir=" in said[0] and "is not valid UTF-8" in said[0], (line, said)
+            assert line.endswith(" exit 2"), line
+            said = []
+        else:
+            said.append(line)
+    assert [line.split()[1] for line in err if line.startswith("==== ")] == list(labs)
     assert os.listdir(tmp_path) == []
 
 

@@ -124,12 +124,17 @@ def test_a_muon_pretraining_killed_and_resumed_ends_bit_for_bit_as_never_interru
     assert e.value.code == 130 and not os.path.exists(os.path.join(out, "pretrain.json"))
     state = torch.load(os.path.join(out, "pretrain_ckpt.pt"), weights_only=True)
     assert state["iter"] == 30 and len(state["opt"]) == 2 and state["opt"][0]["state"]   # Muon's momentum saved
-    train.main(MUON + [f"--out_dir={out}", "--stage=pretrain"])               # the same command
+    # The same command again.
+    train.main(MUON + [f"--out_dir={out}", "--stage=pretrain"])
     strip = lambda d: {k: v for k, v in d.items() if k not in ("seconds", "tokens_per_second")}
     assert strip(store.load_json(os.path.join(out, "pretrain.json"))) == strip(muon["summary"])
     weights = torch.load(os.path.join(out, "pretrain.pt"), weights_only=True)["model"]
     assert weights.keys() == muon["weights"].keys()
     assert all(torch.equal(weights[k], muon["weights"][k]) for k in weights)
+    # The next stage takes a Muon-pretrained model as it takes an AdamW one (the smoke preset's).
+    train.main(MUON + [f"--out_dir={out}", "--stage=reference"])
+    assert store.load_json(os.path.join(out, "stages.json"))["reference"]["inputs"]["pretrain.pt"] == \
+        store.file_hash(os.path.join(out, "pretrain.pt"))
 
 
 def test_a_bad_optimizer_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys):

@@ -19,8 +19,9 @@ def ppo_run(run, out, *flags, log=lambda s: None):
     """The PPO stage's own code (stages.run_ppo -> ppo.train_ppo) on the smoke run's models, into `out`."""
     cfg = train.parse(["--preset=smoke", f"--out_dir={run}", *flags])
     stages.seed_everything(cfg.run.seed)
-    return stages.run_ppo(cfg, run, str(out), stages.stamp(cfg, stages.BY_NAME["ppo"]), log=log), \
-        read(str(out), "metrics.jsonl")
+    stamp = stages.stamp(cfg, stages.BY_NAME["ppo"])
+    # No ppo.png: the smoke run draws it, and test_plots.py checks it.
+    return stages.run_ppo(cfg, run, str(out), stamp, log=log, plot=False), read(str(out), "metrics.jsonl")
 
 
 def no_time(rows):
