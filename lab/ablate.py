@@ -904,6 +904,12 @@ def pretrained_config(cfg):
         bestofk_n=ev.bestofk_n, pass_gold=ev.pass_gold, pass_gold_hard=ev.pass_gold_hard))
 
 
+def twins_of(cond, order):
+    """The conditions in `order` that run as cond does, in its folder (SAME_AS): cond under other
+    names, so no comparison with it (est_k1 and ref_full are adaptive)."""
+    return [c for c in order if c != cond and folder(c) == folder(cond)]
+
+
 def report(opts, cfg, rows, order, adir, run_dir, stamp_line, runs):
     """results.md (and the suite's results_SUITE.md, results_ref.md), scores.png, frontier.png,
     beta.png and bestofk.png (--plots=false: none) into adir from the rows (the pretrained rows
@@ -927,8 +933,8 @@ def report(opts, cfg, rows, order, adir, run_dir, stamp_line, runs):
     ks = [int(c[5:]) for c in rows[0] if c.startswith("best_")]
     against = "gold_adaptive" if "gold_adaptive" in order else DEFAULT_CONDITION
     columns = dict(zip(("columns", "paired"), verifiable_columns(max(ks)))) if gold else {}
-    # Pairs by seed are made within the main base.
-    table = summarise(rows, main, base=against, **columns)
+    # Pairs by seed are made within the main base; the baseline's SAME_AS twins are no comparison.
+    table = summarise(rows, main, base=against, same=twins_of(against, main), **columns)
     # The models suite's conditions on each pretrained model, the model as the unit.
     table += models_table(rows, [c for c in MODEL_CONDITIONS if c in order], ["main"] + models)
     if gold:

@@ -330,10 +330,12 @@ def bestofk_table(rows, order):
 
 
 def summarise(rows, order, base=DEFAULT_CONDITION, paired=("gold_mean", "kl", "proxy_mean"),
-              columns=COLUMNS):
+              columns=COLUMNS, same=()):
     """Markdown: mean [Student-t 95 % interval over seeds] per condition; then each condition minus
     `base` (or the suite's first condition), paired over seeds, each column's comparisons one
-    family read by three verdicts (family_cells; each column's margin margin_of's)."""
+    family read by three verdicts (family_cells; each column's margin margin_of's). A condition in
+    `same` is the baseline under another name (the same runs): its row says so, and it is no
+    comparison, so neither in the families nor in the spread line."""
     # A suite without `base` is compared against its first condition.
     base = base if base in order else next((c for c in order if c != "pretrained"), None)
     header = "| condition | seeds | " + " | ".join(columns) + " |"
@@ -357,7 +359,7 @@ def summarise(rows, order, base=DEFAULT_CONDITION, paired=("gold_mean", "kl", "p
     margins = [margin_of(c, [r[c] for r in rows if r["condition"] == base]) for c in paired]
     compared, stats, ns = [], [], {}
     for cond in order:
-        if cond in (base, "pretrained"):
+        if cond in (base, "pretrained") or cond in same:
             continue
         diffs = [paired_diffs(rows, cond, base, c) for c in paired]
         if len(diffs[0]) >= 2:
@@ -376,6 +378,11 @@ def summarise(rows, order, base=DEFAULT_CONDITION, paired=("gold_mean", "kl", "p
     for k, cond in enumerate(compared):
         row = cells[k * len(paired):(k + 1) * len(paired)]
         lines.append(f"| {cond} | {ns[cond]} | " + " | ".join(row) + " |")
+    # The baseline's twins, where the suite lists them: the same runs, so no comparison.
+    for cond in (c for c in order if c in same):
+        n = len({r["seed"] for r in rows if r["condition"] == cond})
+        same_runs = [f"the same runs as {base}"] + ["—"] * (width - 1)
+        lines.append(f"| {cond} | {n} | " + " | ".join(same_runs) + " |")
     lines += ["", margins_line(paired, margins, [len(compared)] * width)]
     if "gold_mean" in paired and len(compared) and margins[paired.index("gold_mean")]:
         sds = [float(np.std(paired_diffs(rows, c, base, "gold_mean"), ddof=1)) for c in compared]

@@ -150,6 +150,21 @@ def test_paired_differences_read_as_one_family_of_three_verdicts():
     # The seeds the table's spread asks for: the median of its comparisons' SDs of Δ gold.
     sds = [float(np.std(tables.paired_diffs(rows, c, "adaptive", "gold_mean"), ddof=1)) for c in "abcd"]
     assert tables.spread_line(sds, 0.25, "3") in md and "(this table: n = 3)" in md
+    # The baseline under another name (a SAME_AS twin, est_k1 = adaptive) is no comparison: its row says
+    # so, and neither the families nor the spread line count it.
+    twin = rows + [dict(r, condition="e") for r in rows if r["condition"] == "adaptive"]
+    md2 = tables.summarise(twin, ["adaptive", "a", "b", "e", "c", "d"], paired=("gold_mean", "kl"),
+                           columns=["gold_mean", "kl"], same=["e"])
+    assert "| e | 3 | the same runs as adaptive | — |" in md2
+    assert md2.split("Paired differences")[1].replace("| e | 3 | the same runs as adaptive | — |\n", "") == \
+        md.split("Paired differences")[1]
+
+
+def test_the_baseline_s_twins_are_the_conditions_that_run_in_its_folder():
+    order = ["pretrained", "adaptive", "est_k1", "no_kl", "est_k1_reward", "ref_full", "est_k3_reward", "est_k3"]
+    assert ablate.twins_of("adaptive", order) == ["est_k1", "est_k1_reward", "ref_full"]
+    assert ablate.twins_of("est_k1", order) == ["adaptive", "est_k1_reward", "ref_full"]
+    assert ablate.twins_of("gold_adaptive", order + ["gold_adaptive"]) == []
 
 
 @pytest.mark.parametrize("sd, half", [(0.175, 0.125), (0.1, 0.125), (1.0, 0.1), (0.01, 0.125)])
