@@ -336,8 +336,9 @@ def summarise(rows, order, base=DEFAULT_CONDITION, paired=("gold_mean", "kl", "p
     family read by three verdicts (family_cells; each column's margin margin_of's). A condition in
     `same` is the baseline under another name (the same runs): its row says so, and it is no
     comparison, so neither in the families nor in the spread line."""
-    # A suite without `base` is compared against its first condition.
+    # A suite without `base` is compared against its first condition (perhaps one of its twins).
     base = base if base in order else next((c for c in order if c != "pretrained"), None)
+    same = [c for c in same if c != base]
     header = "| condition | seeds | " + " | ".join(columns) + " |"
     lines = [header, "|---" * (len(columns) + 2) + "|"]
     for cond in order:

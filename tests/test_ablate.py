@@ -158,6 +158,11 @@ def test_paired_differences_read_as_one_family_of_three_verdicts():
     assert "| e | 3 | the same runs as adaptive | — |" in md2
     assert md2.split("Paired differences")[1].replace("| e | 3 | the same runs as adaptive | — |\n", "") == \
         md.split("Paired differences")[1]
+    # A suite without the baseline is compared with its first condition, which may be the twin itself
+    # (the estimators suite: est_k1_reward, adaptive's twin): then there is no twin row.
+    first = tables.summarise(twin, ["e", "a", "b", "c", "d"], paired=("gold_mean", "kl"), columns=["gold_mean", "kl"],
+                             same=["e"])
+    assert "against e (same seeds)" in first and "the same runs" not in first
 
 
 def test_the_baseline_s_twins_are_the_conditions_that_run_in_its_folder():
